@@ -1,0 +1,3 @@
+from nodeguard.surfaces.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Data nodeguard passes between sensing, policy and acting: immutable values."""

@@ -1,0 +1,55 @@
+"""One immutable view of the node per tick, with rates against the previous one."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nodeguard.model.samples import CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi
+from nodeguard.model.workloads import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadUsage:
+    workload: Workload
+    cpu: CpuStat
+    cpu_max: CpuMax | None  # None where the cpu controller is not enabled
+    cpu_pressure: Psi | None
+    memory_bytes: int | None
+    cores: float | None  # CPU used since the previous snapshot; None on first sight
+    throttled_fraction: float | None  # of CFS periods since the previous snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class NodeUsage:
+    cpus: int
+    cpu: ProcStatCpu
+    cores_used: float | None  # None on the first snapshot
+    cpu_utilization: float | None  # percent of all cores
+    load: LoadAverage
+    memory: MemInfo
+    cpu_pressure: Psi | None  # None before kernel 4.20 or with psi=0
+    memory_pressure: Psi | None
+    io_pressure: Psi | None
+
+    @property
+    def memory_used(self) -> int:
+        return self.memory.total - self.memory.available
+
+    @property
+    def memory_utilization(self) -> float:
+        return 100.0 * self.memory_used / self.memory.total if self.memory.total else 0.0
+
+    @property
+    def load_per_core(self) -> float:
+        return self.load.load1 / self.cpus
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    monotonic: float  # when it was taken; rates use this
+    wall_time: float  # for display only
+    interval: float | None  # seconds since the previous snapshot
+    cgroup_version: str
+    node: NodeUsage
+    workloads: Mapping[str, WorkloadUsage]  # by workload id; read-only view

@@ -1,0 +1,43 @@
+"""Who a workload is: identity and importance, as discovered or configured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+
+class QosClass(StrEnum):
+    """Kubernetes QoS classes, most important first; configured groups use them too."""
+
+    GUARANTEED = "Guaranteed"
+    BURSTABLE = "Burstable"
+    BEST_EFFORT = "BestEffort"
+
+
+# Lower rank = more important.
+QOS_RANK = {QosClass.GUARANTEED: 0, QosClass.BURSTABLE: 1, QosClass.BEST_EFFORT: 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    id: str
+    runtime: str  # containerd, crio, docker, or "" for a cgroupfs-driver name
+    path: str  # relative to the cgroup root
+    sandbox: bool = False  # the pod's sandbox (pause) cgroup, where the runtime says so
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A cgroup nodeguard may watch or act on: a pod, or a configured group."""
+
+    id: str  # the cgroup path relative to the root: unique and stable
+    name: str
+    kind: Literal["pod", "group"]
+    qos_class: QosClass
+    priority: int = 0
+    protected: bool = False
+    pod_uid: str | None = None
+    containers: tuple[Container, ...] = ()
+    started_at: float | None = None  # wall-clock seconds; None when unknown
+    cpu_request_cores: float | None = None

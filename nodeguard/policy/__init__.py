@@ -1,0 +1,1 @@
+"""Pure decision code: waterlines, gaps, ranking and the planner."""

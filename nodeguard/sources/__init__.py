@@ -1,0 +1,1 @@
+"""Reading the system: cgroup and proc files, discovery, the per-tick sensor."""

@@ -1,0 +1,146 @@
+"""The per-tick sense pass: read the node and every workload into one Snapshot."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import MappingProxyType
+
+from nodeguard.config import Settings
+from nodeguard.errors import CgroupGone
+from nodeguard.log import RateLimiter, get_logger
+from nodeguard.model.rates import fraction, per_second
+from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
+from nodeguard.model.workloads import Workload
+from nodeguard.sources.discovery import discover
+from nodeguard.sources.paths import CgroupLayout, detect_layout
+from nodeguard.sources.readers import CgroupReader, NodeReader, NodeSample, V1Reader, V2Reader
+
+log = get_logger("nodeguard.sensor")
+
+
+def open_reader(layout: CgroupLayout, workload_id: str) -> CgroupReader:
+    if layout.version == "v2":
+        return V2Reader(f"{layout.tree}/{workload_id}")
+    assert layout.cpu is not None and layout.cpuacct is not None
+    return V1Reader(
+        f"{layout.cpu}/{workload_id}",
+        f"{layout.cpuacct}/{workload_id}",
+        f"{layout.memory}/{workload_id}" if layout.memory else None,
+        f"{layout.unified}/{workload_id}" if layout.unified else None,
+    )
+
+
+class Sensor:
+    """Keeps readers of the discovered workloads open and builds a Snapshot per call."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.layout = detect_layout(settings.sensing.cgroup_root, settings.sensing.cgroup_version)
+        self.node = NodeReader(settings.sensing.proc_root)
+        self._clock = clock
+        self._readers: dict[str, tuple[Workload, CgroupReader]] = {}
+        self._next_discovery = float("-inf")
+        self._previous: Snapshot | None = None
+        self._warnings = RateLimiter(60.0)
+        self.skipped = 0  # workload reads that failed and were skipped, all ticks
+
+    def reconfigure(self, settings: Settings) -> None:
+        self.settings = settings
+        self._next_discovery = float("-inf")
+
+    def rediscover(self) -> None:
+        sensing = self.settings.sensing
+        found = discover(self.layout.tree, self.settings.workloads.groups, sensing.kubepods)
+        for workload_id in self._readers.keys() - found.keys():
+            self._drop(workload_id)
+        for workload_id, workload in found.items():
+            held = self._readers.get(workload_id)
+            if held is not None:
+                if held[0] != workload:  # e.g. a container started in the pod
+                    self._readers[workload_id] = (workload, held[1])
+                continue
+            try:
+                self._readers[workload_id] = (workload, open_reader(self.layout, workload_id))
+            except CgroupGone:
+                continue
+            except (OSError, ValueError) as exc:
+                self._warn(workload_id, "cannot open the workload's cgroup files", exc)
+        self._next_discovery = self._clock() + sensing.discovery_seconds
+
+    def _drop(self, workload_id: str) -> None:
+        _, reader = self._readers.pop(workload_id)
+        reader.close()
+        self._warnings.forget({workload_id})
+
+    def _warn(self, workload_id: str, event: str, exc: Exception) -> None:
+        if self._warnings.allow(workload_id):
+            log.warning(event, workload=workload_id, error=str(exc))
+
+    @property
+    def workloads(self) -> dict[str, Workload]:
+        return {wid: held[0] for wid, held in self._readers.items()}
+
+    def sense(self) -> Snapshot:
+        now = self._clock()
+        if now >= self._next_discovery:
+            self.rediscover()
+        node = self.node.sample()
+        previous = self._previous
+        interval = now - previous.monotonic if previous is not None else None
+        before = previous.workloads if previous is not None else {}
+        usages: dict[str, WorkloadUsage] = {}
+        gone: list[str] = []
+        for workload_id, (workload, reader) in self._readers.items():
+            try:
+                cpu, cpu_max, psi, memory = reader.sample()
+            except CgroupGone:
+                gone.append(workload_id)
+                continue
+            except (OSError, ValueError) as exc:
+                self.skipped += 1
+                self._warn(workload_id, "workload skipped this tick", exc)
+                continue
+            cores = throttled = None
+            old = before.get(workload_id)
+            if old is not None and interval:
+                cores = per_second(old.cpu.usage_usec, cpu.usage_usec, interval * 1e6)
+                throttled = fraction(
+                    cpu.nr_throttled - old.cpu.nr_throttled, cpu.nr_periods - old.cpu.nr_periods
+                )
+            usages[workload_id] = WorkloadUsage(workload, cpu, cpu_max, psi, memory, cores, throttled)
+        for workload_id in gone:
+            self._drop(workload_id)
+        snapshot = Snapshot(
+            monotonic=now,
+            wall_time=time.time(),
+            interval=interval,
+            cgroup_version=self.layout.version,
+            node=self._node_usage(node, previous),
+            workloads=MappingProxyType(usages),
+        )
+        self._previous = snapshot
+        return snapshot
+
+    def _node_usage(self, sample: NodeSample, previous: Snapshot | None) -> NodeUsage:
+        cpus = self.node.cpus
+        utilization = None
+        if previous is not None:
+            busy = fraction(sample.cpu.busy - previous.node.cpu.busy, sample.cpu.total - previous.node.cpu.total)
+            utilization = None if busy is None else 100.0 * busy
+        return NodeUsage(
+            cpus=cpus,
+            cpu=sample.cpu,
+            cores_used=None if utilization is None else utilization * cpus / 100.0,
+            cpu_utilization=utilization,
+            load=sample.load,
+            memory=sample.memory,
+            cpu_pressure=sample.cpu_pressure,
+            memory_pressure=sample.memory_pressure,
+            io_pressure=sample.io_pressure,
+        )
+
+    def close(self) -> None:
+        for workload_id in list(self._readers):
+            self._drop(workload_id)
+        self.node.close()

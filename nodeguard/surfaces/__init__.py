@@ -1,0 +1,1 @@
+"""How people and programs reach nodeguard: CLI, HTTP, metrics, systemd."""

@@ -1,0 +1,85 @@
+"""Snapshots as plain-text tables and as JSON-ready data."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any
+
+from nodeguard.model.samples import Psi
+from nodeguard.model.snapshot import Snapshot
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def to_data(value: Any) -> Any:
+    """Dataclasses, enums and mappings to plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): to_data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_data(v) for v in value]
+    return value
+
+
+def snapshot_data(snapshot: Snapshot) -> dict[str, Any]:
+    data: dict[str, Any] = to_data(snapshot)
+    node = snapshot.node
+    data["node"]["memory_used"] = node.memory_used
+    data["node"]["memory_utilization"] = node.memory_utilization
+    data["node"]["load_per_core"] = node.load_per_core
+    data["workloads"] = list(data["workloads"].values())
+    return data
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _num(value: float | None, fmt: str = "{:.2f}", none: str = "-") -> str:
+    return none if value is None else fmt.format(value)
+
+
+def _psi10(psi: Psi | None) -> str:
+    return "-" if psi is None or psi.some is None else f"{psi.some.avg10:.1f}%"
+
+
+def render_snapshot(snapshot: Snapshot) -> str:
+    node = snapshot.node
+    when = datetime.datetime.fromtimestamp(snapshot.wall_time).strftime("%H:%M:%S")
+    head = (
+        f"node at {when}  cgroup {snapshot.cgroup_version}  cpus {node.cpus}\n"
+        f"  cpu     {_num(node.cores_used)} cores ({_num(node.cpu_utilization, '{:.1f}')}%)"
+        f"   load {node.load.load1:.2f} ({node.load_per_core:.2f}/core)"
+        f"   psi cpu {_psi10(node.cpu_pressure)} mem {_psi10(node.memory_pressure)}"
+        f" io {_psi10(node.io_pressure)}\n"
+        f"  memory  {node.memory_used / GiB:.2f} of {node.memory.total / GiB:.2f} GiB"
+        f" ({node.memory_utilization:.1f}%)"
+    )
+    rows = []
+    for usage in sorted(snapshot.workloads.values(), key=lambda u: -(u.cores or 0.0)):
+        wl = usage.workload
+        quota = "-" if usage.cpu_max is None else (
+            "max" if usage.cpu_max.cores is None else f"{usage.cpu_max.cores:.2f}"
+        )
+        rows.append([
+            wl.name,
+            wl.qos_class.value,
+            str(wl.priority),
+            _num(usage.cores),
+            quota,
+            _num(usage.throttled_fraction, "{:.0%}"),
+            _num(None if usage.memory_bytes is None else usage.memory_bytes / MiB, "{:.0f}"),
+            _psi10(usage.cpu_pressure),
+        ])
+    body = table(["workload", "class", "prio", "cores", "quota", "throttled", "mem MiB", "psi cpu"], rows)
+    return f"{head}\n\n{len(rows)} workload(s)\n{body}"
