@@ -14,9 +14,7 @@ def configure(level: str = "info", json: bool | None = None) -> None:
     """Readable output on a terminal, one JSON object per line otherwise."""
     if json is None:
         json = not sys.stderr.isatty()
-    renderer: Any = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
-    )
+    renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

@@ -9,8 +9,18 @@ from dataclasses import dataclass
 from nodeguard.policy.metrics import Unit
 
 _BYTE_SUFFIXES = {
-    "": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
+    "": 1,
+    "k": 10**3,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
 }
 _NUMBER = r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+"
 _PERCENT_RE = re.compile(rf"\s*({_NUMBER})\s*%\s*")

@@ -141,8 +141,7 @@ def parse_cfs_quota(quota_text: str, period_text: str) -> CpuMax:
         period = int(period_text)
     except ValueError:
         raise ParseError(
-            f"cpu.cfs_quota_us/cpu.cfs_period_us: expected numbers, "
-            f"got {quota_text!r} and {period_text!r}"
+            f"cpu.cfs_quota_us/cpu.cfs_period_us: expected numbers, got {quota_text!r} and {period_text!r}"
         ) from None
     if period <= 0 or quota == 0 or quota < -1:
         raise ParseError(f"cpu.cfs_quota_us: bad quota {quota} or period {period}")

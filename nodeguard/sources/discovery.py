@@ -112,7 +112,7 @@ def discover_groups(tree: str, groups: Iterable[WorkloadGroup]) -> Iterator[Work
         for path in sorted(glob.glob(prefix + group.match)):
             if not os.path.isdir(path) or os.path.islink(path):
                 continue
-            rel = path[len(prefix):]
+            rel = path[len(prefix) :]
             yield Workload(
                 id=rel,
                 name=rel,

@@ -32,9 +32,7 @@ def parse_loadavg(text: str) -> LoadAverage:
     fields = text.split()
     try:
         runnable, _, threads = fields[3].partition("/")
-        return LoadAverage(
-            float(fields[0]), float(fields[1]), float(fields[2]), int(runnable), int(threads)
-        )
+        return LoadAverage(float(fields[0]), float(fields[1]), float(fields[2]), int(runnable), int(threads))
     except (IndexError, ValueError):
         raise ParseError(f"/proc/loadavg: unexpected format {text[:80]!r}") from None
 
@@ -50,9 +48,7 @@ def parse_meminfo(text: str) -> MemInfo:
         if len(fields) < 2:
             continue
         try:
-            values[fields[0].rstrip(":")] = int(fields[1]) * _UNITS.get(
-                fields[2] if len(fields) > 2 else "B", 1
-            )
+            values[fields[0].rstrip(":")] = int(fields[1]) * _UNITS.get(fields[2] if len(fields) > 2 else "B", 1)
         except ValueError:
             continue
     if "MemTotal" not in values:

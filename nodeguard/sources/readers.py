@@ -142,9 +142,7 @@ class V1Reader:
 
     __slots__ = ("_mem", "_period", "_psi", "_quota", "_stat", "_usage", "memory_path", "path")
 
-    def __init__(
-        self, cpu_path: str, cpuacct_path: str, memory_path: str | None, unified_path: str | None
-    ) -> None:
+    def __init__(self, cpu_path: str, cpuacct_path: str, memory_path: str | None, unified_path: str | None) -> None:
         self.path = cpu_path
         self.memory_path = memory_path
         usage = open_optional(cpuacct_path + "/cpuacct.usage")
@@ -210,9 +208,7 @@ class NodeReader:
         self._stat = os.open(f"{proc_root}/stat", _OPEN_FLAGS)
         self._loadavg = os.open(f"{proc_root}/loadavg", _OPEN_FLAGS)
         self._meminfo = os.open(f"{proc_root}/meminfo", _OPEN_FLAGS)
-        self._psi = {
-            kind: open_optional(f"{proc_root}/pressure/{kind}") for kind in ("cpu", "memory", "io")
-        }
+        self._psi = {kind: open_optional(f"{proc_root}/pressure/{kind}") for kind in ("cpu", "memory", "io")}
         self.cpus = count_cpus(pread_text(self._stat, 1 << 20))
 
     def _pressure(self, kind: str) -> Psi | None:
@@ -240,7 +236,5 @@ class NodeReader:
 
 def count_cpus(proc_stat: str) -> int:
     """Logical CPUs listed in /proc/stat (``cpu0``, ``cpu1`` ...); at least one."""
-    count = sum(
-        1 for line in proc_stat.splitlines() if line.startswith("cpu") and line[3:4].isdigit()
-    )
+    count = sum(1 for line in proc_stat.splitlines() if line.startswith("cpu") and line[3:4].isdigit())
     return max(1, count)

@@ -105,9 +105,7 @@ class Sensor:
             old = before.get(workload_id)
             if old is not None and interval:
                 cores = per_second(old.cpu.usage_usec, cpu.usage_usec, interval * 1e6)
-                throttled = fraction(
-                    cpu.nr_throttled - old.cpu.nr_throttled, cpu.nr_periods - old.cpu.nr_periods
-                )
+                throttled = fraction(cpu.nr_throttled - old.cpu.nr_throttled, cpu.nr_periods - old.cpu.nr_periods)
             usages[workload_id] = WorkloadUsage(workload, cpu, cpu_max, psi, memory, cores, throttled)
         for workload_id in gone:
             self._drop(workload_id)

@@ -30,8 +30,13 @@ def _parser() -> argparse.ArgumentParser:
     def with_config(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--config", "-c", type=Path, help="per-node JSON config (default: built-in defaults)")
         sub.add_argument("--node-name", help="this node's name (default: $NODE_NAME or the hostname)")
-        sub.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE",
-                         help="a label of this node, for perNode rules (repeatable)")
+        sub.add_argument(
+            "--node-label",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a label of this node, for perNode rules (repeatable)",
+        )
 
     snap = commands.add_parser("snapshot", help="show node and per-workload usage now")
     with_config(snap)
@@ -79,8 +84,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     labels = node_labels(args.node_name or node_name(), args.node_label)
     rules = document.matching_rules(labels)
     document.settings_for(labels, str(args.file))
-    print(f"{args.file}: valid ({len(document.per_node)} perNode rule(s); "
-          f"for node {labels['kubernetes.io/hostname']}: rules {rules or 'none'} apply)")
+    print(
+        f"{args.file}: valid ({len(document.per_node)} perNode rule(s); "
+        f"for node {labels['kubernetes.io/hostname']}: rules {rules or 'none'} apply)"
+    )
     return EXIT_OK
 
 

@@ -68,18 +68,20 @@ def render_snapshot(snapshot: Snapshot) -> str:
     rows = []
     for usage in sorted(snapshot.workloads.values(), key=lambda u: -(u.cores or 0.0)):
         wl = usage.workload
-        quota = "-" if usage.cpu_max is None else (
-            "max" if usage.cpu_max.cores is None else f"{usage.cpu_max.cores:.2f}"
+        quota = (
+            "-" if usage.cpu_max is None else ("max" if usage.cpu_max.cores is None else f"{usage.cpu_max.cores:.2f}")
         )
-        rows.append([
-            wl.name,
-            wl.qos_class.value,
-            str(wl.priority),
-            _num(usage.cores),
-            quota,
-            _num(usage.throttled_fraction, "{:.0%}"),
-            _num(None if usage.memory_bytes is None else usage.memory_bytes / MiB, "{:.0f}"),
-            _psi10(usage.cpu_pressure),
-        ])
+        rows.append(
+            [
+                wl.name,
+                wl.qos_class.value,
+                str(wl.priority),
+                _num(usage.cores),
+                quota,
+                _num(usage.throttled_fraction, "{:.0%}"),
+                _num(None if usage.memory_bytes is None else usage.memory_bytes / MiB, "{:.0f}"),
+                _psi10(usage.cpu_pressure),
+            ]
+        )
     body = table(["workload", "class", "prio", "cores", "quota", "throttled", "mem MiB", "psi cpu"], rows)
     return f"{head}\n\n{len(rows)} workload(s)\n{body}"
