@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+# The per-workload, per-tick values are NamedTuples: immutable like the frozen
+# dataclasses elsewhere, and about 3x cheaper to build on the sense hot path.
 
 
-@dataclass(frozen=True, slots=True)
-class CpuStat:
+class CpuStat(NamedTuple):
     """cgroup CPU accounting, normalised to microseconds for v1 and v2 alike."""
 
     usage_usec: int
@@ -17,8 +20,7 @@ class CpuStat:
     throttled_usec: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class CpuMax:
+class CpuMax(NamedTuple):
     """A CFS bandwidth limit; ``quota_us`` None means unlimited ("max")."""
 
     quota_us: int | None
@@ -49,6 +51,16 @@ class Psi:
 
     some: PsiLine | None
     full: PsiLine | None
+
+
+class PsiTotals(NamedTuple):
+    """Cumulative stall time of a pressure file, in microseconds (``full`` may be absent).
+
+    The per-tick view: the delta over a tick is exact, where avg10 lags a 1 s tick.
+    """
+
+    some_usec: int | None
+    full_usec: int | None
 
 
 @dataclass(frozen=True, slots=True)

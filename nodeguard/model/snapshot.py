@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from nodeguard.model.samples import CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi
+from nodeguard.model.samples import CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi, PsiTotals
 from nodeguard.model.workloads import Workload
 
 
-@dataclass(frozen=True, slots=True)
-class WorkloadUsage:
+class WorkloadUsage(NamedTuple):
+    """One workload in one snapshot (a NamedTuple: built a thousand times per tick)."""
+
     workload: Workload
     cpu: CpuStat
     cpu_max: CpuMax | None  # None where the cpu controller is not enabled
-    cpu_pressure: Psi | None
+    cpu_pressure: PsiTotals | None
     memory_bytes: int | None
     cores: float | None  # CPU used since the previous snapshot; None on first sight
     throttled_fraction: float | None  # of CFS periods since the previous snapshot
+    cpu_stall_pct: float | None  # PSI "some" stall over the last interval, percent of time
 
 
 @dataclass(frozen=True, slots=True)

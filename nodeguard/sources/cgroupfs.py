@@ -7,7 +7,7 @@ need, so every parser reads by key and ignores what it does not know.
 from __future__ import annotations
 
 from nodeguard.errors import ParseError
-from nodeguard.model.samples import CgroupEvents, CpuMax, CpuStat, Psi, PsiLine
+from nodeguard.model.samples import CgroupEvents, CpuMax, CpuStat, Psi, PsiLine, PsiTotals
 
 # v1 writes "unlimited" as the largest page-aligned value below 2**63, which
 # depends on the page size; anything this large is no real limit.
@@ -26,21 +26,29 @@ def parse_flat_keyed(text: str, what: str = "flat-keyed file") -> dict[str, int]
 
 
 def parse_cpu_stat(text: str) -> CpuStat:
-    """Parse v2 ``cpu.stat``; only ``usage_usec`` is required."""
-    values = parse_flat_keyed(text, "cpu.stat")
+    """Parse v2 ``cpu.stat``; only ``usage_usec`` is required.
+
+    Runs once per workload per tick, so only the six values kept are converted.
+    """
+    tokens = text.split()
+    if len(tokens) % 2:
+        raise ParseError(f"cpu.stat: odd number of fields in {text[:80]!r}")
+    pairs = iter(tokens)
+    values = dict(zip(pairs, pairs, strict=True))
+    get = values.get
     try:
-        usage = values["usage_usec"]
+        return CpuStat(
+            int(values["usage_usec"]),
+            int(get("user_usec", 0)),
+            int(get("system_usec", 0)),
+            int(get("nr_periods", 0)),
+            int(get("nr_throttled", 0)),
+            int(get("throttled_usec", 0)),
+        )
     except KeyError:
         raise ParseError(f"cpu.stat: no usage_usec in {text[:80]!r}") from None
-    get = values.get
-    return CpuStat(
-        usage,
-        get("user_usec", 0),
-        get("system_usec", 0),
-        get("nr_periods", 0),
-        get("nr_throttled", 0),
-        get("throttled_usec", 0),
-    )
+    except ValueError:
+        raise ParseError(f"cpu.stat: non-integer value in {text[:80]!r}") from None
 
 
 def parse_cpu_max(text: str) -> CpuMax:
@@ -113,6 +121,27 @@ def parse_psi(text: str) -> Psi:
     if some is None and full is None:
         raise ParseError(f"pressure: no 'some' or 'full' line in {text[:120]!r}")
     return Psi(some, full)
+
+
+def parse_psi_totals(text: str) -> PsiTotals:
+    """Only the cumulative ``total=`` of each line: the cheap per-tick reading of a PSI file."""
+    some = full = None
+    for line in text.splitlines():
+        at = line.find(" total=")
+        if at < 0:
+            continue
+        value = line[at + 7 :].split(None, 1)
+        try:
+            total = int(value[0])
+        except (IndexError, ValueError):
+            raise ParseError(f"pressure: bad total in {line[:120]!r}") from None
+        if line.startswith("some "):
+            some = total
+        elif line.startswith("full "):
+            full = total
+    if some is None and full is None:
+        raise ParseError(f"pressure: no 'some' or 'full' total in {text[:120]!r}")
+    return PsiTotals(some, full)
 
 
 def parse_pids(text: str) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from nodeguard.errors import CgroupGone, ParseError
-from nodeguard.model.samples import CgroupEvents, CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi
+from nodeguard.model.samples import CgroupEvents, CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi, PsiTotals
 from nodeguard.sources.cgroupfs import (
     parse_cfs_quota,
     parse_cgroup_events,
@@ -25,6 +25,7 @@ from nodeguard.sources.cgroupfs import (
     parse_memory_limit_v1,
     parse_pids,
     parse_psi,
+    parse_psi_totals,
 )
 from nodeguard.sources.procfs import parse_loadavg, parse_meminfo, parse_proc_stat_cpu
 
@@ -33,7 +34,7 @@ _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _BUFSIZE = 4096
 
-RawSample = tuple[CpuStat, CpuMax | None, Psi | None, int | None]
+RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None]
 
 
 def open_optional(path: str) -> int:
@@ -79,6 +80,7 @@ class CgroupDetails:
     """Files read on demand (status views, evictors), not every tick."""
 
     cpu_weight: int | None
+    cpu_pressure: Psi | None
     memory_max: int | None  # None: unlimited or no memory controller
     memory_events: dict[str, int] | None
     memory_pressure: Psi | None
@@ -104,11 +106,23 @@ class V2Reader:
         self._mem = open_optional(path + "/memory.current")
 
     def sample(self) -> RawSample:
-        cpu = parse_cpu_stat(pread_text(self._stat))
-        cpu_max = parse_cpu_max(pread_text(self._max)) if self._max != _ABSENT else None
-        psi = parse_psi(pread_text(self._psi)) if self._psi != _ABSENT else None
-        memory = int(pread_text(self._mem)) if self._mem != _ABSENT else None
-        return cpu, cpu_max, psi, memory
+        # The hottest code in nodeguard: one call per workload per tick.
+        pread = os.pread
+        try:
+            stat = pread(self._stat, _BUFSIZE, 0)
+            limit = pread(self._max, _BUFSIZE, 0) if self._max != _ABSENT else None
+            psi = pread(self._psi, _BUFSIZE, 0) if self._psi != _ABSENT else None
+            memory = pread(self._mem, _BUFSIZE, 0) if self._mem != _ABSENT else None
+        except OSError as exc:
+            if exc.errno in _GONE_ERRNOS:
+                raise CgroupGone(self.path) from None
+            raise
+        return (
+            parse_cpu_stat(stat.decode()),
+            None if limit is None else parse_cpu_max(limit.decode()),
+            None if psi is None else parse_psi_totals(psi.decode()),
+            None if memory is None else int(memory),
+        )
 
     def details(self) -> CgroupDetails:
         return read_details_v2(self.path)
@@ -120,6 +134,7 @@ class V2Reader:
 
 def read_details_v2(path: str) -> CgroupDetails:
     weight = read_text(path + "/cpu.weight")
+    cpu_pressure = read_text(path + "/cpu.pressure")
     memory_max = read_text(path + "/memory.max")
     events = read_text(path + "/memory.events")
     pressure = read_text(path + "/memory.pressure")
@@ -129,6 +144,7 @@ def read_details_v2(path: str) -> CgroupDetails:
         raise CgroupGone(path)
     return CgroupDetails(
         cpu_weight=parse_cpu_weight(weight) if weight is not None else None,
+        cpu_pressure=parse_psi(cpu_pressure) if cpu_pressure else None,
         memory_max=parse_int_or_max(memory_max, "memory.max") if memory_max is not None else None,
         memory_events=parse_flat_keyed(events, "memory.events") if events is not None else None,
         memory_pressure=parse_psi(pressure) if pressure else None,
@@ -162,7 +178,7 @@ class V1Reader:
         cpu_max = None
         if _ABSENT not in (self._quota, self._period):
             cpu_max = parse_cfs_quota(pread_text(self._quota), pread_text(self._period))
-        psi = parse_psi(pread_text(self._psi)) if self._psi != _ABSENT else None
+        psi = parse_psi_totals(pread_text(self._psi)) if self._psi != _ABSENT else None
         memory = int(pread_text(self._mem)) if self._mem != _ABSENT else None
         return cpu, cpu_max, psi, memory
 
@@ -175,6 +191,7 @@ class V1Reader:
         return CgroupDetails(
             # cpu.shares 2..262144 maps onto cpu.weight 1..10000 as the kernel's v1/v2 bridge does.
             cpu_weight=1 + ((int(shares) - 2) * 9999) // 262142 if shares else None,
+            cpu_pressure=None,
             memory_max=parse_memory_limit_v1(limit) if limit is not None else None,
             memory_events=None,
             memory_pressure=None,

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from nodeguard.config import Settings
 from nodeguard.errors import CgroupGone
 from nodeguard.log import RateLimiter, get_logger
-from nodeguard.model.rates import fraction, per_second
+from nodeguard.model.rates import fraction
 from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
 from nodeguard.model.workloads import Workload
 from nodeguard.sources.discovery import discover
@@ -91,6 +91,8 @@ class Sensor:
         before = previous.workloads if previous is not None else {}
         usages: dict[str, WorkloadUsage] = {}
         gone: list[str] = []
+        # Hot loop: rates are computed inline (see model.rates for the rules).
+        usec = interval * 1e6 if interval else 0.0
         for workload_id, (workload, reader) in self._readers.items():
             try:
                 cpu, cpu_max, psi, memory = reader.sample()
@@ -101,12 +103,21 @@ class Sensor:
                 self.skipped += 1
                 self._warn(workload_id, "workload skipped this tick", exc)
                 continue
-            cores = throttled = None
+            cores = throttled = stall = None
             old = before.get(workload_id)
-            if old is not None and interval:
-                cores = per_second(old.cpu.usage_usec, cpu.usage_usec, interval * 1e6)
-                throttled = fraction(cpu.nr_throttled - old.cpu.nr_throttled, cpu.nr_periods - old.cpu.nr_periods)
-            usages[workload_id] = WorkloadUsage(workload, cpu, cpu_max, psi, memory, cores, throttled)
+            if old is not None and usec > 0:
+                old_cpu = old.cpu
+                if cpu.usage_usec >= old_cpu.usage_usec:  # a reset counter gives no rate
+                    cores = (cpu.usage_usec - old_cpu.usage_usec) / usec
+                periods = cpu.nr_periods - old_cpu.nr_periods
+                if periods > 0:
+                    throttled = min(1.0, max(0, cpu.nr_throttled - old_cpu.nr_throttled) / periods)
+                old_psi = old.cpu_pressure
+                if psi is not None and old_psi is not None:
+                    some, old_some = psi.some_usec, old_psi.some_usec
+                    if some is not None and old_some is not None and some >= old_some:
+                        stall = 100.0 * (some - old_some) / usec
+            usages[workload_id] = WorkloadUsage(workload, cpu, cpu_max, psi, memory, cores, throttled, stall)
         for workload_id in gone:
             self._drop(workload_id)
         snapshot = Snapshot(

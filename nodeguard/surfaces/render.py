@@ -21,6 +21,8 @@ def to_data(value: Any) -> Any:
         return {f.name: to_data(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Enum):
         return value.value
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        return {k: to_data(v) for k, v in value._asdict().items()}
     if isinstance(value, dict) or hasattr(value, "items"):
         return {str(k): to_data(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -80,7 +82,7 @@ def render_snapshot(snapshot: Snapshot) -> str:
                 quota,
                 _num(usage.throttled_fraction, "{:.0%}"),
                 _num(None if usage.memory_bytes is None else usage.memory_bytes / MiB, "{:.0f}"),
-                _psi10(usage.cpu_pressure),
+                _num(usage.cpu_stall_pct, "{:.1f}%"),
             ]
         )
     body = table(["workload", "class", "prio", "cores", "quota", "throttled", "mem MiB", "psi cpu"], rows)

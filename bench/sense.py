@@ -1,0 +1,110 @@
+"""Benchmark: nodeguard's full sense pass against a bare pread floor on the same files.
+
+Builds N real cgroups in this machine's cgroup2 mount, then times
+- nodeguard: Sensor.sense() (reading, parsing, rates, the Snapshot), discovery
+  excluded (it runs every discoverySeconds, timed on its own below);
+- floor: a bare loop of os.pread on kept-open descriptors of the same files.
+Prints one JSON object last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nodeguard.config import Settings
+from nodeguard.sources.sensor import Sensor
+from tests import realcgroups as rc
+
+PER_TICK_FILES = ("cpu.stat", "cpu.max", "cpu.pressure", "memory.current")
+NODE_FILES = ("stat", "loadavg", "meminfo", "pressure/cpu", "pressure/memory", "pressure/io")
+NODE_READ_SIZES = {"stat": 512, "meminfo": 16384}
+PASSES = 30
+
+
+def floor_pass(fds: list[int], node_fds: list[tuple[int, int]]) -> None:
+    pread = os.pread
+    for fd, size in node_fds:
+        pread(fd, size, 0)
+    for fd in fds:
+        pread(fd, 4096, 0)
+
+
+def measure(mount: Path, count: int) -> dict[str, float]:
+    parent = mount / rc.unique_name("ngbench")
+    groups = [parent / f"w{i:05d}" for i in range(count)]
+    with rc.cgroups(*groups):
+        settings = Settings.model_validate(
+            {
+                "sensing": {"cgroupRoot": str(mount), "cgroupVersion": "v2", "discoverySeconds": 3600},
+                "workloads": {"groups": [{"match": f"{parent.name}/*"}]},
+            }
+        )
+        sensor = Sensor(settings)
+        start = time.perf_counter()
+        sensor.rediscover()
+        discovery = time.perf_counter() - start
+        fds = [os.open(g / name, os.O_RDONLY) for g in groups for name in PER_TICK_FILES if (g / name).exists()]
+        node_fds = [
+            (os.open(f"/proc/{n}", os.O_RDONLY), NODE_READ_SIZES.get(n, 4096))
+            for n in NODE_FILES
+            if os.path.exists(f"/proc/{n}")
+        ]
+        try:
+            sensor.sense()
+            ours, floor = [], []
+            for _ in range(PASSES):  # interleaved, so both see the same machine state
+                t0 = time.perf_counter()
+                snapshot = sensor.sense()
+                t1 = time.perf_counter()
+                floor_pass(fds, node_fds)
+                t2 = time.perf_counter()
+                ours.append(t1 - t0)
+                floor.append(t2 - t1)
+            assert len(snapshot.workloads) == count, len(snapshot.workloads)
+        finally:
+            sensor.close()
+            for fd, _ in node_fds:
+                os.close(fd)
+            for fd in fds:
+                os.close(fd)
+    files_per_cgroup = len(fds) / count
+    ours_us = statistics.median(ours) / count * 1e6
+    floor_us = statistics.median(floor) / count * 1e6
+    return {
+        "cgroups": count,
+        "files_per_cgroup": files_per_cgroup,
+        "nodeguard_us_per_cgroup": round(ours_us, 2),
+        "floor_us_per_cgroup": round(floor_us, 2),
+        "ratio": round(ours_us / floor_us, 2),
+        "discovery_us_per_cgroup": round(discovery / count * 1e6, 2),
+    }
+
+
+def main() -> int:
+    reason = rc.why_no_v2()
+    if reason:
+        print(json.dumps({"error": reason}))
+        return 1
+    mount = rc.v2_mount()
+    assert mount is not None
+    results = [measure(mount, count) for count in (100, 1000)]
+    for result in results:
+        print(
+            f"{result['cgroups']:>5} cgroups: nodeguard {result['nodeguard_us_per_cgroup']} us/cgroup, "
+            f"floor {result['floor_us_per_cgroup']} us/cgroup, ratio {result['ratio']} "
+            f"({result['files_per_cgroup']:.0f} files/cgroup; discovery {result['discovery_us_per_cgroup']} us/cgroup)"
+        )
+    last = results[-1]
+    print(json.dumps({**last, "at_100": results[0]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

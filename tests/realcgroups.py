@@ -1,0 +1,113 @@
+"""Child cgroups in this machine's real hierarchies, with busy processes, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+BUSY_LOOP = "while True: pass"
+
+
+def v2_mount() -> Path | None:
+    """The cgroup2 mount: the root on a pure v2 host, ``unified`` on a hybrid one."""
+    for candidate in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
+        if (candidate / "cgroup.controllers").exists():
+            return candidate
+    return None
+
+
+def v1_hierarchy(controller: str) -> Path | None:
+    for name in (controller, "cpu,cpuacct"):
+        path = CGROUP_ROOT / name
+        if path.is_dir() and (path / "cgroup.procs").exists() and not (path / "cgroup.controllers").exists():
+            if controller == "cpu" and not (path / "cpu.cfs_quota_us").exists():
+                continue
+            if controller == "cpuacct" and not (path / "cpuacct.usage").exists():
+                continue
+            return path
+    return None
+
+
+def why_no_v1_cpu() -> str | None:
+    if os.geteuid() != 0:
+        return "creating cgroups needs root"
+    if v1_hierarchy("cpu") is None or v1_hierarchy("cpuacct") is None:
+        return "this host has no cgroup v1 cpu and cpuacct hierarchies"
+    return None
+
+
+def why_no_v2() -> str | None:
+    if os.geteuid() != 0:
+        return "creating cgroups needs root"
+    if v2_mount() is None:
+        return "this host has no cgroup2 mount"
+    return None
+
+
+def unique_name(prefix: str = "ngtest") -> str:
+    return f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_cgroup(path: Path) -> None:
+    """Kill what is inside (children first) and remove the directory tree."""
+    if not path.exists():
+        return
+    for child in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        remove_cgroup(child)
+    kill_file = path / "cgroup.kill"
+    with contextlib.suppress(OSError):
+        if kill_file.exists():
+            kill_file.write_text("1")
+    for _ in range(200):
+        try:
+            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
+        except OSError:
+            pids = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+    path.rmdir()
+
+
+@contextlib.contextmanager
+def cgroups(*paths: Path) -> Iterator[list[Path]]:
+    """Create the groups (and parents), remove them all afterwards even on failure."""
+    created: list[Path] = []
+    try:
+        for path in paths:
+            for parent in reversed([path, *path.parents]):
+                if not parent.exists():
+                    parent.mkdir()
+                    created.append(parent)
+        yield list(paths)
+    finally:
+        for path in reversed(created):
+            remove_cgroup(path)
+
+
+def start_busy(*groups: Path) -> subprocess.Popen[bytes]:
+    """A real CPU-burning process placed in every given group (one per hierarchy)."""
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+    for group in groups:
+        (group / "cgroup.procs").write_text(str(proc.pid))
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.kill()
+    proc.wait()

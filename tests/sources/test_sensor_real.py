@@ -1,0 +1,113 @@
+"""The sensor on this machine's real cgroup hierarchies, with real busy processes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeguard.config import Settings
+from nodeguard.model.snapshot import Snapshot
+from nodeguard.sources.sensor import Sensor
+from tests import realcgroups as rc
+
+TOLERANCE = 0.08  # cores; CFS enforcement measured here within ±1 % of a core
+
+
+def settings_for(root: Path, version: str, pattern: str) -> Settings:
+    return Settings.model_validate(
+        {
+            "sensing": {"cgroupRoot": str(root), "cgroupVersion": version},
+            "workloads": {"groups": [{"match": pattern, "class": "BestEffort"}]},
+        }
+    )
+
+
+def sense_over(sensor: Sensor, seconds: float) -> Snapshot:
+    sensor.sense()
+    time.sleep(seconds)
+    return sensor.sense()
+
+
+@pytest.fixture
+def v1_group() -> Iterator[tuple[str, Path, Path]]:
+    reason = rc.why_no_v1_cpu()
+    if reason:
+        pytest.skip(reason)
+    cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
+    assert cpu is not None and cpuacct is not None
+    name = rc.unique_name()
+    paths = [cpu / name] if cpu == cpuacct else [cpu / name, cpuacct / name]
+    with rc.cgroups(*paths):
+        yield name, cpu / name, cpuacct / name
+
+
+def test_v1_reads_quota_usage_and_throttling(v1_group: tuple[str, Path, Path]) -> None:
+    """On the v1 cpu hierarchy a busy process under a 0.3-core quota reads as ~0.3 cores and throttled."""
+    name, cpu_dir, cpuacct_dir = v1_group
+    (cpu_dir / "cpu.cfs_period_us").write_text("100000")
+    (cpu_dir / "cpu.cfs_quota_us").write_text("30000")
+    busy = rc.start_busy(cpu_dir, cpuacct_dir)
+    sensor = Sensor(settings_for(rc.CGROUP_ROOT, "v1", name))
+    try:
+        assert sensor.layout.version == "v1"
+        snapshot = sense_over(sensor, 1.5)
+    finally:
+        rc.stop(busy)
+        sensor.close()
+    usage = snapshot.workloads[name]
+    assert usage.cpu_max is not None and usage.cpu_max.cores == pytest.approx(0.3)
+    assert usage.cores == pytest.approx(0.3, abs=TOLERANCE)
+    assert usage.throttled_fraction is not None and usage.throttled_fraction > 0.5
+    assert usage.cpu.nr_throttled > 0 and usage.cpu.throttled_usec > 0
+    assert snapshot.node.cores_used is not None and snapshot.node.cores_used >= 0.2
+
+
+def test_v2_mount_reads_usage_and_pressure(v1_group: tuple[str, Path, Path]) -> None:
+    """In the cgroup2 mount a process limited to 0.4 cores (through v1) reads as ~0.4 cores with PSI."""
+    reason = rc.why_no_v2()
+    if reason:
+        pytest.skip(reason)
+    mount = rc.v2_mount()
+    assert mount is not None
+    name, cpu_dir, cpuacct_dir = v1_group
+    (cpu_dir / "cpu.cfs_quota_us").write_text("40000")
+    with rc.cgroups(mount / name) as [v2_dir]:
+        busy = rc.start_busy(cpu_dir, cpuacct_dir, v2_dir)
+        sensor = Sensor(settings_for(mount, "v2", name))
+        try:
+            snapshot = sense_over(sensor, 1.5)
+        finally:
+            rc.stop(busy)
+            sensor.close()
+    usage = snapshot.workloads[name]
+    assert snapshot.cgroup_version == "v2"
+    assert usage.cores == pytest.approx(0.4, abs=TOLERANCE)
+    assert usage.cpu_pressure is not None and usage.cpu_pressure.some_usec is not None
+    # Throttled time is CPU pressure: the kernel counts it as "some" stall.
+    assert usage.cpu_pressure.some_usec > 0
+    assert usage.cpu_stall_pct is not None and usage.cpu_stall_pct > 10
+
+
+def test_cgroup_removed_between_ticks_is_a_workload_that_left(v1_group: tuple[str, Path, Path]) -> None:
+    """A group removed after discovery drops out of the next snapshot without an error."""
+    reason = rc.why_no_v2()
+    if reason:
+        pytest.skip(reason)
+    mount = rc.v2_mount()
+    assert mount is not None
+    name = v1_group[0] + "-gone"
+    with rc.cgroups(mount / name, mount / (name + "2")):
+        sensor = Sensor(settings_for(mount, "v2", name + "*"))
+        try:
+            first = sensor.sense()
+            assert {name, name + "2"} <= set(first.workloads)
+            (mount / name).rmdir()
+            second = sensor.sense()
+        finally:
+            sensor.close()
+    assert name not in second.workloads and name + "2" in second.workloads
+    assert name not in sensor.workloads
+    assert sensor.skipped == 0
