@@ -1,0 +1,1 @@
+"""The only code that changes the system: cgroup writes, evictions, the ledger of originals."""

@@ -1,0 +1,93 @@
+"""The single writer of cgroup files.
+
+Every write nodeguard makes to a cgroup goes through ``CgroupWriter.write``:
+it accepts only a short list of file names, refuses any path that resolves
+outside the hierarchy root (symlinks, ``..``, odd workload names), and in dry
+run logs the exact write instead of making it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from nodeguard.errors import ActuationRefused, CgroupGone
+from nodeguard.log import get_logger
+
+log = get_logger("nodeguard.writer")
+
+WRITABLE_FILES = frozenset({"cpu.max", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cgroup.freeze", "cgroup.kill"})
+_GONE = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
+
+
+@dataclass
+class WriteCounters:
+    writes: int = 0
+    dry_run_writes: int = 0
+    skipped_unchanged: int = 0
+    drift: int = 0
+    refused: int = 0
+    errors: Counter[str] = field(default_factory=Counter)  # by errno name
+
+
+class CgroupWriter:
+    def __init__(self, root: str, dry_run: bool = False) -> None:
+        self.root = os.path.realpath(root)
+        self.dry_run = dry_run
+        self.counters = WriteCounters()
+
+    def path_of(self, workload_id: str, filename: str) -> str:
+        """The checked absolute path of a cgroup file, or ActuationRefused."""
+        if filename not in WRITABLE_FILES:
+            self.counters.refused += 1
+            raise ActuationRefused(f"nodeguard never writes {filename!r}")
+        if not workload_id or workload_id.startswith("/") or "\x00" in workload_id:
+            self.counters.refused += 1
+            raise ActuationRefused(f"bad workload path {workload_id!r}")
+        directory = os.path.realpath(os.path.join(self.root, workload_id))
+        if os.path.commonpath([self.root, directory]) != self.root or directory == self.root:
+            self.counters.refused += 1
+            raise ActuationRefused(f"{workload_id!r} resolves to {directory}, outside the cgroup root {self.root}")
+        return os.path.join(directory, filename)
+
+    def read(self, workload_id: str, filename: str) -> str:
+        path = self.path_of(workload_id, filename)
+        try:
+            with open(path, encoding="ascii") as handle:
+                return handle.read().strip()
+        except OSError as exc:
+            if exc.errno in _GONE:
+                raise CgroupGone(path) from None
+            raise
+
+    def write(self, workload_id: str, filename: str, value: str, **context: object) -> bool:
+        """Write ``value``; True when written (or logged, in dry run). Kernel refusals raise OSError."""
+        path = self.path_of(workload_id, filename)
+        if self.dry_run:
+            self.counters.dry_run_writes += 1
+            log.info("dry run: would write", path=path, value=value, **context)
+            return True
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            self._count_error(exc)
+            if exc.errno in _GONE:
+                raise CgroupGone(path) from None
+            raise
+        try:
+            os.write(fd, value.encode("ascii"))
+        except OSError as exc:
+            self._count_error(exc)
+            if exc.errno in _GONE:
+                raise CgroupGone(path) from None
+            raise
+        finally:
+            os.close(fd)
+        self.counters.writes += 1
+        log.debug("wrote", path=path, value=value, **context)
+        return True
+
+    def _count_error(self, exc: OSError) -> None:
+        self.counters.errors[errno.errorcode.get(exc.errno or 0, str(exc.errno))] += 1

@@ -1,0 +1,62 @@
+"""The single writer: path checks, dry run, and counting kernel refusals."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.errors import ActuationRefused, CgroupGone
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "cg"
+    (root / "kubepods/pod1").mkdir(parents=True)
+    (root / "kubepods/pod1/cpu.max").write_text("max 100000\n")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside/cpu.max").write_text("max 100000\n")
+    os.symlink(tmp_path / "outside", root / "sneaky")
+    return root
+
+
+@pytest.mark.parametrize(
+    "workload_id",
+    ["../outside", "kubepods/../../outside", "/etc", "sneaky", "", ".", "kubepods/pod1/../../../outside", "a\x00b"],
+)
+def test_refuses_paths_outside_the_root(tree: Path, workload_id: str) -> None:
+    """Names that resolve outside the cgroup root (via .., absolute paths, symlinks) are refused and counted."""
+    writer = CgroupWriter(str(tree))
+    with pytest.raises(ActuationRefused):
+        writer.write(workload_id, "cpu.max", "1000 100000")
+    assert writer.counters.refused == 1
+    assert (tree.parent / "outside/cpu.max").read_text() == "max 100000\n"
+
+
+def test_refuses_files_it_does_not_own(tree: Path) -> None:
+    """Only the quota, freeze and kill files can be written."""
+    writer = CgroupWriter(str(tree))
+    for name in ("cgroup.procs", "memory.max", "../cpu.max", "cpu.max/../x"):
+        with pytest.raises(ActuationRefused):
+            writer.write("kubepods/pod1", name, "1")
+
+
+def test_writes_inside_and_dry_run_only_logs(tree: Path) -> None:
+    """A write inside the root lands; in dry run nothing changes but it is counted."""
+    writer = CgroupWriter(str(tree))
+    writer.write("kubepods/pod1", "cpu.max", "20000 100000")
+    assert (tree / "kubepods/pod1/cpu.max").read_text() == "20000 100000"
+    dry = CgroupWriter(str(tree), dry_run=True)
+    dry.write("kubepods/pod1", "cpu.max", "max 100000")
+    assert (tree / "kubepods/pod1/cpu.max").read_text() == "20000 100000"
+    assert (dry.counters.dry_run_writes, dry.counters.writes) == (1, 0)
+
+
+def test_a_workload_that_left_is_cgroup_gone(tree: Path) -> None:
+    """Writing to a removed cgroup raises CgroupGone and counts ENOENT."""
+    writer = CgroupWriter(str(tree))
+    with pytest.raises(CgroupGone):
+        writer.write("kubepods/pod2", "cpu.max", "1000 100000")
+    assert writer.counters.errors["ENOENT"] == 1
