@@ -15,8 +15,8 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     PlainSerializer,
     ValidationError,
@@ -25,23 +25,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
+from nodeguard.config_base import Model
 from nodeguard.errors import ConfigError, ConfigUnreadable
+from nodeguard.gate.settings import GateSettings
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Unit
+from nodeguard.policy.ranking import COMPARATORS
 from nodeguard.quantity import Quantity, parse_quantity
-
-
-class Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        alias_generator=to_camel,
-        populate_by_name=True,
-        frozen=True,
-        arbitrary_types_allowed=True,
-    )
-
 
 ThresholdValue = Annotated[
     Quantity,
@@ -96,6 +87,37 @@ class WorkloadSettings(Model):
     groups: list[WorkloadGroup] = []
 
 
+class ActuationSettings(Model):
+    """How nodeguard changes the system, and how it undoes it."""
+
+    dry_run: bool = Field(False, description="log every write and eviction instead of making it")
+    ledger_path: str = Field("/run/nodeguard/ledger.json", description="the ledger of original quotas")
+    on_start: Literal["restore", "adopt"] = Field(
+        "restore", description="throttles found in the ledger at start: restore them, or keep holding them"
+    )
+    on_exit: Literal["restore", "keep"] = Field("restore", description="throttles held when the daemon stops")
+    eviction_grace_seconds: float = Field(10.0, ge=0, le=3600)
+    freeze_before_eviction: bool = True
+
+    @field_validator("ledger_path")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("expected an absolute path")
+        return value
+
+
+def _known_comparator(name: str) -> str:
+    if name not in COMPARATORS:
+        raise ValueError(f"unknown comparator; expected one of {', '.join(COMPARATORS)}")
+    return name
+
+
+ComparatorName = Annotated[
+    str, AfterValidator(_known_comparator), WithJsonSchema({"type": "string", "enum": list(COMPARATORS)})
+]
+
+
 class Objective(Model):
     """One waterline: act on workloads while a node metric is past a threshold."""
 
@@ -107,6 +129,11 @@ class Objective(Model):
     restore_below: ThresholdValue | None = Field(None, validate_default=True)
     restore_after: int = Field(3, ge=1, le=1000)
     dry_run: bool = False
+    sort_by: list[ComparatorName] | None = Field(
+        None,
+        min_length=1,
+        description="comparators that order the candidates, least important first; default: the metric's own",
+    )
 
     @field_validator("threshold", mode="before")
     @classmethod
@@ -157,8 +184,11 @@ class Candidates(Model):
 
 
 class EvictionBudget(Model):
-    max_per_tick: int = Field(1, ge=0, le=1000)
-    min_interval_seconds: float = Field(30.0, ge=0)
+    max_per_tick: int = Field(1, ge=0, le=1000, description="evictions in one round (one tick)")
+    min_interval_seconds: float = Field(30.0, ge=0, description="between two rounds of evictions")
+    termination_timeout_seconds: float = Field(
+        300.0, gt=0, description="an evicted workload still present after this no longer counts as releasing"
+    )
 
 
 class GuardSettings(Model):
@@ -168,6 +198,9 @@ class GuardSettings(Model):
     restore_step_percent: float = Field(10.0, gt=0, le=100, description="largest quota increase per tick, % of node")
     min_change_percent: float = Field(1.0, ge=0, le=100, description="skip quota changes smaller than this, % of node")
     cooldown_ticks: int = Field(3, ge=1, le=1000, description="wait after acting on a non-quantified metric")
+    closed_loop_step_percent: float = Field(
+        50.0, gt=0, le=100, description="a non-quantified metric lowers one workload's CPU by this % of its usage"
+    )
     evictions: EvictionBudget = EvictionBudget()
     dry_run: bool = False
 
@@ -178,6 +211,8 @@ class Settings(Model):
     sensing: SensingSettings = SensingSettings()
     workloads: WorkloadSettings = WorkloadSettings()
     guard: GuardSettings = GuardSettings()
+    actuation: ActuationSettings = ActuationSettings()
+    gate: GateSettings = GateSettings()
 
 
 class LabelExpression(Model):

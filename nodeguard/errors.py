@@ -35,3 +35,7 @@ class ActuationRefused(NodeguardError):
 
 class ParseError(NodeguardError, ValueError):
     """Kernel file text that does not have the expected format."""
+
+
+class WhatIfError(NodeguardError, ValueError):
+    """A what-if override that cannot be applied: an unknown metric or an impossible value."""

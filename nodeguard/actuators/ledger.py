@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from nodeguard.errors import NodeguardError
@@ -36,6 +36,12 @@ class LedgerEntry:
     applied: str
     reason: str
     changed_at: float  # wall-clock seconds
+    # A value about to be written: saved before the write so that a crash
+    # between the two still leaves the kernel's value recognisable as ours.
+    pending: str | None = None
+
+    def is_ours(self, current: CpuMax) -> bool:
+        return current == self.applied_limit or (self.pending is not None and current == parse_cpu_max(self.pending))
 
     @property
     def original_limit(self) -> CpuMax:
@@ -78,9 +84,7 @@ class Ledger:
         """Add or update an entry; the first original of a workload is never overwritten."""
         held = self.entries.get(entry.workload_id)
         if held is not None:
-            entry = LedgerEntry(
-                entry.workload_id, held.cgroup_version, held.original, entry.applied, entry.reason, entry.changed_at
-            )
+            entry = replace(entry, cgroup_version=held.cgroup_version, original=held.original)
         self.entries[entry.workload_id] = entry
 
     def forget(self, workload_id: str) -> None:
@@ -120,9 +124,12 @@ def _decode(data: Any) -> dict[str, LedgerEntry]:
             applied=str(raw["applied"]),
             reason=str(raw["reason"]),
             changed_at=float(raw["changed_at"]),
+            pending=None if raw.get("pending") is None else str(raw["pending"]),
         )
         entry.original_limit  # noqa: B018 - validates both limits now, not at restore time
         entry.applied_limit  # noqa: B018
+        if entry.pending is not None:
+            parse_cpu_max(entry.pending)
         entries[entry.workload_id] = entry
     return entries
 

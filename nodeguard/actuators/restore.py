@@ -36,7 +36,7 @@ def restore_entry(quota: QuotaWriter, entry: LedgerEntry) -> Outcome:
         return Outcome.FAILED
     if current == entry.original_limit:
         return Outcome.ALREADY
-    if not _same_limit(current, entry.applied_limit):
+    if not entry.is_ours(current):
         log.warning(
             "quota changed by someone else since nodeguard set it; keeping theirs",
             workload=entry.workload_id,
@@ -52,10 +52,6 @@ def restore_entry(quota: QuotaWriter, entry: LedgerEntry) -> Outcome:
         log.error("restore refused by the kernel", workload=entry.workload_id, error=str(exc))
         return Outcome.FAILED
     return Outcome.RESTORED
-
-
-def _same_limit(current: CpuMax, applied: CpuMax) -> bool:
-    return current == applied
 
 
 def restore_all(ledger: Ledger, quota: QuotaWriter) -> dict[Outcome, list[str]]:

@@ -4,12 +4,21 @@ A metric is *quantified* for an action when the release of acting on one
 workload can be predicted from that workload's own usage; only then can the
 planner act on a precise prefix of candidates. Other metrics act on one
 workload at a time and measure again (closed loop).
+
+Each entry also says how to read the metric from a snapshot's node, what
+100 % of it is, how a workload's own usage converts into it, and how a what-if
+overrides it: everything the policy knows about a metric lives here.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+
+from nodeguard.model.samples import LoadAverage, MemInfo, Psi, PsiLine
+from nodeguard.model.snapshot import NodeUsage
 
 
 class Metric(StrEnum):
@@ -35,6 +44,11 @@ class Resource(StrEnum):
     MEMORY = "memory"
 
 
+Reader = Callable[[NodeUsage], "float | None"]
+Scale = Callable[[NodeUsage], float]
+Override = Callable[[NodeUsage, float], NodeUsage]
+
+
 @dataclass(frozen=True, slots=True)
 class Capability:
     metric: Metric
@@ -47,8 +61,61 @@ class Capability:
     sort_by: tuple[str, ...]  # comparator names, see policy.ranking
     # Incompressible resources (memory) are evicted before compressible ones.
     compressible: bool
+    read: Reader  # the node's value now; None when there is no (fresh) sample
+    capacity: Scale  # what a "100%" threshold means, in the metric's unit
+    override: Override  # the node with this metric set to a value (what-if)
+    # Metric units per unit of the workload resource (cores or bytes), for
+    # quantified metrics: how much one workload's usage moves the node figure.
+    per_resource_unit: Scale | None = None
     # The figure a percentage threshold is a percentage of, if any.
     percent_of: str | None = None
+
+    def quantified(self, action: str) -> bool:
+        return self.throttle_quantified if action == "throttle" else self.evict_quantified
+
+
+def _memory_total(node: NodeUsage) -> int | None:
+    return node.memory.total if node.memory.total > 0 else None
+
+
+def _memory_used(node: NodeUsage) -> float | None:
+    return None if _memory_total(node) is None else float(node.memory_used)
+
+
+def _memory_utilization(node: NodeUsage) -> float | None:
+    return None if _memory_total(node) is None else node.memory_utilization
+
+
+def _set_memory_used(node: NodeUsage, used: float) -> NodeUsage:
+    total = node.memory.total
+    return dataclasses.replace(node, memory=MemInfo(total, max(0, round(total - used))))
+
+
+def _cpu_pressure(node: NodeUsage) -> float | None:
+    psi = node.cpu_pressure
+    return None if psi is None or psi.some is None else psi.some.avg10
+
+
+def _set_cpu_pressure(node: NodeUsage, value: float) -> NodeUsage:
+    some = node.cpu_pressure.some if node.cpu_pressure is not None else None
+    line = PsiLine(value, some.avg60, some.avg300, some.total_usec) if some else PsiLine(value, value, value, 0)
+    full = node.cpu_pressure.full if node.cpu_pressure is not None else None
+    return dataclasses.replace(node, cpu_pressure=Psi(line, full))
+
+
+def _load_per_core(node: NodeUsage) -> float | None:
+    return node.load_per_core if node.cpus > 0 else None
+
+
+def _set_load_per_core(node: NodeUsage, value: float) -> NodeUsage:
+    load = node.load
+    return dataclasses.replace(
+        node, load=LoadAverage(value * node.cpus, load.load5, load.load15, load.runnable, load.threads)
+    )
+
+
+def _hundred(node: NodeUsage) -> float:
+    return 100.0
 
 
 _CPU_SORT = ("class_and_priority", "cpu_usage", "ext_cpu_usage", "running_time")
@@ -61,61 +128,91 @@ CAPABILITIES: dict[Metric, Capability] = {
             Metric.CPU_TOTAL_USAGE,
             Unit.CORES,
             Resource.CPU,
-            True,
-            True,
-            True,
-            True,
-            _CPU_SORT,
+            throttleable=True,
+            throttle_quantified=True,
+            evictable=True,
+            evict_quantified=True,
+            sort_by=_CPU_SORT,
             compressible=True,
+            read=lambda node: node.cores_used,
+            capacity=lambda node: float(node.cpus),
+            override=lambda node, value: dataclasses.replace(node, cores_used=value),
+            per_resource_unit=lambda node: 1.0,
             percent_of="node cores",
         ),
         Capability(
             Metric.CPU_TOTAL_UTILIZATION,
             Unit.PERCENT,
             Resource.CPU,
-            True,
-            True,
-            True,
-            True,
-            _CPU_SORT,
+            throttleable=True,
+            throttle_quantified=True,
+            evictable=True,
+            evict_quantified=True,
+            sort_by=_CPU_SORT,
             compressible=True,
+            read=lambda node: node.cpu_utilization,
+            capacity=_hundred,
+            override=lambda node, value: dataclasses.replace(node, cpu_utilization=value),
+            per_resource_unit=lambda node: 100.0 / node.cpus,
         ),
         Capability(
             Metric.MEMORY_TOTAL_USAGE,
             Unit.BYTES,
             Resource.MEMORY,
-            False,
-            False,
-            True,
-            True,
-            _MEMORY_SORT,
+            throttleable=False,
+            throttle_quantified=False,
+            evictable=True,
+            evict_quantified=True,
+            sort_by=_MEMORY_SORT,
             compressible=False,
+            read=_memory_used,
+            capacity=lambda node: float(node.memory.total),
+            override=_set_memory_used,
+            per_resource_unit=lambda node: 1.0,
             percent_of="node memory",
         ),
         Capability(
             Metric.MEMORY_TOTAL_UTILIZATION,
             Unit.PERCENT,
             Resource.MEMORY,
-            False,
-            False,
-            True,
-            True,
-            _MEMORY_SORT,
+            throttleable=False,
+            throttle_quantified=False,
+            evictable=True,
+            evict_quantified=True,
+            sort_by=_MEMORY_SORT,
             compressible=False,
+            read=_memory_utilization,
+            capacity=_hundred,
+            override=lambda node, value: _set_memory_used(node, value * node.memory.total / 100.0),
+            per_resource_unit=lambda node: 100.0 / node.memory.total,
         ),
         Capability(
-            Metric.CPU_PRESSURE, Unit.PERCENT, Resource.CPU, True, False, True, False, _CPU_SORT, compressible=True
+            Metric.CPU_PRESSURE,
+            Unit.PERCENT,
+            Resource.CPU,
+            throttleable=True,
+            throttle_quantified=False,
+            evictable=True,
+            evict_quantified=False,
+            sort_by=_CPU_SORT,
+            compressible=True,
+            read=_cpu_pressure,  # "some" avg10 of /proc/pressure/cpu
+            capacity=_hundred,
+            override=_set_cpu_pressure,
         ),
         Capability(
             Metric.LOAD_AVERAGE,
             Unit.LOAD_PER_CORE,
             Resource.CPU,
-            True,
-            False,
-            True,
-            False,
-            _CPU_SORT,
+            throttleable=True,
+            throttle_quantified=False,
+            evictable=True,
+            evict_quantified=False,
+            sort_by=_CPU_SORT,
             compressible=True,
+            read=_load_per_core,  # load1 / cores
+            capacity=lambda node: 1.0,
+            override=_set_load_per_core,
             percent_of="one runnable task per core",
         ),
     )

@@ -50,6 +50,33 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE")
 
     commands.add_parser("schema", help="print the config's JSON Schema")
+
+    run = commands.add_parser("run", help="run the daemon (guard, and later gate and coordination)")
+    with_config(run)
+    run.add_argument("--dry-run", action="store_true", help="log every write and eviction instead of making it")
+
+    plan = commands.add_parser("plan", help="show what the guard would do now, without acting")
+    with_config(plan)
+    plan.add_argument(
+        "--what-if",
+        action="append",
+        default=[],
+        metavar="METRIC=VALUE",
+        help="pretend the node's METRIC is VALUE, e.g. cpu_total_usage=7.5 (repeatable)",
+    )
+    plan.add_argument("--json", action="store_true", help="the decision trace as one JSON line")
+    plan.add_argument("--interval", type=float, default=1.0, help="seconds between the two reads for rates")
+
+    from nodeguard.gate.client import add_gate_commands
+
+    add_gate_commands(commands)  # gate, admit, oci-hook: each sets its own handler
+
+    restore = commands.add_parser(
+        "restore", help="restore quotas recorded in the ledger; works while the daemon is down"
+    )
+    with_config(restore)
+    restore.add_argument("--all", action="store_true", required=True, help="every entry of the ledger")
+    restore.add_argument("--ledger", help="ledger file (default: actuation.ledgerPath of the config)")
     return parser
 
 
@@ -91,6 +118,73 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from nodeguard.actuators.ledger import LedgerBusy
+    from nodeguard.daemon import Daemon
+
+    settings = load_settings(args)
+    labels = node_labels(args.node_name, args.node_label)
+    try:
+        daemon = Daemon(settings, config_path=args.config, labels=labels, dry_run=args.dry_run)
+    except LedgerBusy as exc:
+        print(f"nodeguard: {exc}: is nodeguard already running?", file=sys.stderr)
+        return EXIT_INVALID
+    return asyncio.run(daemon.run())
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from nodeguard.policy.planner import plan
+    from nodeguard.policy.state import GuardState
+    from nodeguard.policy.trace import plan_to_data
+    from nodeguard.policy.whatif import parse_overrides, what_if
+    from nodeguard.surfaces.render import render_plan
+
+    overrides = parse_overrides(args.what_if)  # bad names fail before anything is read
+    settings = load_settings(args)
+    sensor = Sensor(settings)
+    try:
+        sensor.sense()
+        time.sleep(max(0.05, args.interval))
+        snapshot = what_if(sensor.sense(), overrides)
+    finally:
+        sensor.close()
+    result = plan(snapshot, GuardState.primed(), settings.guard)
+    if args.json:
+        print(json.dumps(plan_to_data(result)))
+    else:
+        print(render_plan(result))
+    return EXIT_OK
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    from nodeguard.actuators.cgroup_writer import CgroupWriter
+    from nodeguard.actuators.cpu_quota import QuotaWriter
+    from nodeguard.actuators.ledger import Ledger, LedgerBusy, exclusive
+    from nodeguard.actuators.restore import Outcome, restore_all
+    from nodeguard.daemon import writer_root
+    from nodeguard.sources.paths import detect_layout
+
+    settings = load_settings(args)
+    path = args.ledger or settings.actuation.ledger_path
+    layout = detect_layout(settings.sensing.cgroup_root, settings.sensing.cgroup_version)
+    try:
+        with exclusive(path):
+            ledger = Ledger.load(path)
+            if not ledger.entries:
+                print(f"{path}: nothing to restore")
+                return EXIT_OK
+            outcomes = restore_all(ledger, QuotaWriter(CgroupWriter(writer_root(layout)), layout.version))
+    except LedgerBusy:
+        print(f"nodeguard: {path} is held by the running daemon; stop it (SIGTERM restores)", file=sys.stderr)
+        return EXIT_INVALID
+    for outcome, workloads in sorted(outcomes.items()):
+        for workload in workloads:
+            print(f"{outcome.value:9} {workload}")
+    return EXIT_INVALID if Outcome.FAILED in outcomes else EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_level)
@@ -99,6 +193,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_snapshot(args)
         if args.command == "check-config":
             return cmd_check_config(args)
+        handler = getattr(args, "handler", None)
+        if handler is not None:
+            return int(handler(args))
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "plan":
+            return cmd_plan(args)
+        if args.command == "restore":
+            return cmd_restore(args)
         if args.command == "schema":
             print(json.dumps(json_schema(), indent=2))
             return EXIT_OK

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 from collections.abc import Sequence
 from enum import Enum
 from typing import Any
 
 from nodeguard.model.samples import Psi
 from nodeguard.model.snapshot import Snapshot
+from nodeguard.policy.planner import Plan
+from nodeguard.policy.trace import plan_to_data
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -87,3 +90,59 @@ def render_snapshot(snapshot: Snapshot) -> str:
         )
     body = table(["workload", "class", "prio", "cores", "quota", "throttled", "mem MiB", "psi cpu"], rows)
     return f"{head}\n\n{len(rows)} workload(s)\n{body}"
+
+
+def _quota(data: dict[str, Any]) -> str:
+    cores = data.get("cores")
+    return "max" if cores is None else f"{cores:.2f}"
+
+
+def render_plan(plan: Plan, candidates_shown: int = 10) -> str:
+    """The plan as a person reads it: readings against waterlines, gaps, actions, and why not more."""
+    data = plan_to_data(plan, candidate_limit=candidates_shown)
+    readings = data["inputs"]["readings"]
+    lines = [f"{data['inputs']['workloads']} workload(s), {data['inputs']['candidates'] or 0} candidate(s)", ""]
+    rows = []
+    for line in data["waterlines"]:
+        metric = line["metric"]
+        gaps = data["gaps"]
+        gap = gaps["throttle_down"].get(metric) if line["action"] == "throttle" else gaps["evict"].get(metric)
+        rows.append(
+            [
+                metric,
+                line["action"],
+                _num(readings.get(metric), "{:.3g}"),
+                _num(line["threshold"], "{:.3g}"),
+                _num(line["restore_below"], "{:.3g}"),
+                _num(gap, "{:.3g}"),
+                _num(gaps["throttle_up"].get(metric) if line["action"] == "throttle" else None, "{:.3g}"),
+                "yes" if line["dry_run"] else "",
+            ]
+        )
+    lines.append(
+        table(["metric", "action", "now", "waterline", "restore<", "gap", "up-gap", "dry-run"], rows)
+        if rows
+        else "no objectives configured"
+    )
+    lines += ["", f"{len(data['actions'])} action(s)"]
+    action_rows = [
+        [
+            a["kind"] + (" (dry run)" if a["dry_run"] else ""),
+            a["workload"]["name"],
+            a["metric"],
+            _num(a["gap_before"], "{:.3g}"),
+            _num(a["predicted_release"], "{:.3g}"),
+            _quota(a["previous"]) + " -> " + _quota(a["quota"]) if "quota" in a else "-",
+        ]
+        for a in data["actions"]
+    ]
+    if action_rows:
+        lines.append(table(["action", "workload", "metric", "gap", "release", "quota"], action_rows))
+    for blocked in data["blocked"]:
+        lines.append(
+            f"not acting on {blocked['metric']} ({blocked['direction']}): {blocked['cause']}: {blocked['detail']}"
+        )
+    for names, ranked in data["candidates"].items():
+        lines += ["", f"candidates by {names} (first acted on first)"]
+        lines.append(table(["workload", "sort key"], [[c["workload"], json.dumps(c["key"])] for c in ranked]))
+    return "\n".join(lines)

@@ -63,7 +63,7 @@ def _busy_loop_in(group: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def test_cpu_max_throttles_busy_process_to_quota(cgroup: Path) -> None:
-    """A busy loop under cpu.max "20000 100000" gets ~0.20 cores, is throttled and shows CPU pressure."""  # noqa: E501
+    """A busy loop under cpu.max "20000 100000" gets ~0.20 cores, is throttled and shows CPU pressure."""
     (cgroup / "cpu.max").write_text("20000 100000")
     limit = parse_cpu_max((cgroup / "cpu.max").read_text())
     assert (limit.quota_us, limit.period_us) == (20_000, 100_000)

@@ -1,8 +1,8 @@
 """Run a command inside a QEMU VM whose kernel has cgroup v2 as the only hierarchy.
 
 The build machines mount the cpu controller on cgroup v1, so real ``cpu.max``
-enforcement needs a kernel of its own (see docs on the cgroup v2 VM). This
-module boots Debian's stock kernel under QEMU software emulation (TCG) with:
+enforcement needs a kernel of its own. This module boots Debian's stock
+kernel under QEMU software emulation (TCG) with:
 
 * a tiny initramfs (static busybox, ``/init``, the 9p/overlay modules), built
   here in pure Python and cached under ``<repo>/.vm/``;
@@ -11,6 +11,10 @@ module boots Debian's stock kernel under QEMU software emulation (TCG) with:
 * a second, writable 9p share (the ``out_dir``) that carries the command in
   (``cmd.sh``) and results out; the guest sees it at :data:`GUEST_OUT_DIR`;
 * the exit status reported through QEMU's ``isa-debug-exit`` device.
+
+The guest's wall clock is set at boot from the emulated RTC, i.e. the host's
+UTC to within a second; the guest's monotonic clock and CPU accounting run at
+host speed (clocksource hpet), which is what the cpu.max measurements need.
 
 Debug from a shell: ``.venv/bin/python -m tests.kernel.vm -- cat /proc/cmdline``.
 """
@@ -132,9 +136,7 @@ def _is_static_elf(path: Path) -> bool:
     except OSError:
         return False
     pt_interp = 3
-    return all(
-        struct.unpack_from(endian + "I", table, i * phentsize)[0] != pt_interp for i in range(phnum)
-    )
+    return all(struct.unpack_from(endian + "I", table, i * phentsize)[0] != pt_interp for i in range(phnum))
 
 
 def _find_busybox() -> Path | str:
@@ -167,11 +169,7 @@ def _module_load_order(modules_dir: Path) -> list[str] | str:
     """Relative paths of the modules to insmod, dependencies first, or a reason."""
     deps = _read_modules_dep(modules_dir)
     builtin_file = modules_dir / "modules.builtin"
-    builtin = (
-        {_module_name(line) for line in builtin_file.read_text().split()}
-        if builtin_file.is_file()
-        else set()
-    )
+    builtin = {_module_name(line) for line in builtin_file.read_text().split()} if builtin_file.is_file() else set()
     by_path = {path: name for name, (path, _) in deps.items()}
     order: list[str] = []
 
@@ -324,7 +322,8 @@ mkdir -p $R/dev/pts $R/dev/shm
 mount -t devpts devpts $R/dev/pts
 mount -t tmpfs -o mode=1777 tmpfs $R/dev/shm
 mount -t tmpfs -o mode=0755 tmpfs $R/run || fail 'mount chroot /run'
-mount -t tmpfs -o mode=1777 tmpfs $R/tmp || fail 'mount chroot /tmp'
+# No tmpfs on /tmp: the checkout or the venv may live there (CI); the
+# overlay already makes it writable without touching the host.
 mkdir -p $R{GUEST_OUT_DIR}
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 nodeguardout $R{GUEST_OUT_DIR} \\
     || fail 'mount out share'
@@ -369,8 +368,7 @@ def _initramfs(kernel: _Kernel, busybox: Path, module_paths: list[str]) -> Path:
         return cached
     directory, executable, regular, chardev = 0o040755, 0o100755, 0o100644, 0o020600
     entries: list[tuple[str, int, bytes, int]] = [
-        (name, directory, b"", 0)
-        for name in ("bin", "dev", "proc", "sys", "lower", "rw", "newroot", "modules")
+        (name, directory, b"", 0) for name in ("bin", "dev", "proc", "sys", "lower", "rw", "newroot", "modules")
     ]
     entries += [
         ("dev/console", chardev, b"", (5 << 8) | 1),
@@ -453,32 +451,29 @@ def run_in_vm(
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="nodeguard-vm-"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "exit_code").unlink(missing_ok=True)
-    (out / "cmd.sh").write_text(_command_script(argv, cwd, _guest_env(env)))
+    # The guest sees the host's tree at the same paths, so only make it absolute.
+    (out / "cmd.sh").write_text(_command_script(argv, os.path.abspath(cwd), _guest_env(env)))
 
     qemu_argv = [
         QEMU,
         *MACHINE_ARGS,
         "-m", str(memory_mb),
-        "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
+        "-display", "none", "-no-reboot", "-nodefaults", "-serial", "stdio",
         "-kernel", str(vmlinux),
         "-initrd", str(initramfs),
         "-append", KERNEL_CMDLINE,
         "-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
         "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
-        "-fsdev", f"local,id=out,path={out},security_model=none,multidevs=remap",
+        "-fsdev", f"local,id=out,path={_qemu_escape(out)},security_model=none,multidevs=remap",
         "-device", "virtio-9p-pci,fsdev=out,mount_tag=nodeguardout",
         "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=0x04",
     ]  # fmt: skip
     console_bytes = bytearray()
     started = time.monotonic()
     with tempfile.TemporaryFile() as qemu_stderr:
-        proc = subprocess.Popen(
-            qemu_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=qemu_stderr
-        )
+        proc = subprocess.Popen(qemu_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=qemu_stderr)
         assert proc.stdout is not None
-        reader = threading.Thread(
-            target=_pump, args=(proc.stdout, console_bytes, echo), daemon=True
-        )
+        reader = threading.Thread(target=_pump, args=(proc.stdout, console_bytes, echo), daemon=True)
         reader.start()
         try:
             status = proc.wait(timeout=timeout)
@@ -511,8 +506,8 @@ def run_in_vm(
             detail += f"; QEMU stderr: {stderr_text}"
         raise VMError(f"the VM did not run {shlex.join(argv)}: {detail}", console)
     exit_code = int(exit_file.read_text())
-    # The file is the precise status; cross-check that the guest really got to
-    # report it rather than, say, a stale file.
+    # The file holds the full status (debug-exit carries 7 bits); cross-check
+    # that init itself reported it, not a command that wrote such a file.
     if status != (((exit_code & 127) << 1) | 1):
         raise VMError(
             f"QEMU exit status {status} does not match the guest's exit code {exit_code}"
@@ -520,6 +515,11 @@ def run_in_vm(
             console,
         )
     return VMResult(exit_code, console, out, elapsed)
+
+
+def _qemu_escape(path: Path) -> str:
+    # QEMU option values escape a literal comma by doubling it.
+    return str(path).replace(",", ",,")
 
 
 def _console_text(raw: bytes | bytearray) -> str:
@@ -541,15 +541,12 @@ def main(args: list[str] | None = None) -> int:
     if not command:
         parser.error("no command given")
     try:
-        result = run_in_vm(
-            command, cwd=ns.cwd, timeout=ns.timeout, out_dir=ns.out_dir, echo=sys.stdout.buffer
-        )
+        result = run_in_vm(command, cwd=ns.cwd, timeout=ns.timeout, out_dir=ns.out_dir, echo=sys.stdout.buffer)
     except VMError as error:
         print(f"nodeguard-vm: {str(error).splitlines()[0]}", file=sys.stderr)
         return 125
     print(
-        f"nodeguard-vm: exit code {result.exit_code} after {result.elapsed_s:.1f} s; "
-        f"out dir {result.out_dir}",
+        f"nodeguard-vm: exit code {result.exit_code} after {result.elapsed_s:.1f} s; out dir {result.out_dir}",
         file=sys.stderr,
     )
     return result.exit_code

@@ -1,0 +1,233 @@
+"""The daemon: wiring, the tick loop (sense -> plan -> act -> record), signals and reload.
+
+Everything runs in one asyncio TaskGroup of named tasks. SIGTERM and SIGINT
+stop it (restoring every throttle unless told to keep them), SIGHUP reloads
+the config: a bad file keeps the old settings running and logs every error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.actuators.cpu_quota import QuotaWriter
+from nodeguard.actuators.evictors import CgroupEvictor
+from nodeguard.actuators.executor import Executor
+from nodeguard.actuators.ledger import Ledger, exclusive
+from nodeguard.config import Document, Settings, load_document
+from nodeguard.errors import ConfigError, ConfigUnreadable
+from nodeguard.gate.service import GateService
+from nodeguard.log import get_logger
+from nodeguard.model.snapshot import Snapshot
+from nodeguard.policy import planner
+from nodeguard.policy.planner import Plan
+from nodeguard.policy.state import GuardState
+from nodeguard.sources.paths import CgroupLayout
+from nodeguard.sources.sensor import Sensor
+
+log = get_logger("nodeguard.daemon")
+
+
+def effective(settings: Settings, dry_run: bool) -> Settings:
+    """``--dry-run`` (or actuation.dryRun) makes every action a logged one."""
+    if not (dry_run or settings.actuation.dry_run):
+        return settings
+    return settings.model_copy(
+        update={
+            "actuation": settings.actuation.model_copy(update={"dry_run": True}),
+            "guard": settings.guard.model_copy(update={"dry_run": True}),
+        }
+    )
+
+
+def writer_root(layout: CgroupLayout) -> str:
+    """The hierarchy whose quota files nodeguard writes: the v2 tree or the v1 cpu hierarchy."""
+    if layout.version == "v2":
+        return layout.tree
+    assert layout.cpu is not None
+    return layout.cpu
+
+
+@dataclass
+class TickStats:
+    ticks: int = 0
+    errors: int = 0
+    durations: list[float] = field(default_factory=list)  # the last few, seconds
+    last_success: float | None = None  # monotonic
+
+
+class Daemon:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        config_path: Path | None = None,
+        labels: Mapping[str, str] | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        self.config_path = config_path
+        self.labels = dict(labels or {})
+        self.dry_run = dry_run
+        self.settings = effective(settings, dry_run)
+        self.sensor = Sensor(self.settings)
+        actuation = self.settings.actuation
+        self.writer = CgroupWriter(writer_root(self.sensor.layout), dry_run=actuation.dry_run)
+        self.quota = QuotaWriter(self.writer, self.sensor.layout.version)
+        self.evictor = CgroupEvictor(
+            self.writer, self.sensor.layout.version, actuation.eviction_grace_seconds, actuation.freeze_before_eviction
+        )
+        # One nodeguard acts on a node at a time: hold the ledger's lock for life.
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(exclusive(actuation.ledger_path))
+        self.ledger = Ledger.load(actuation.ledger_path)
+        self.executor = Executor(self.quota, self.evictor, self.ledger, self._spawn)
+        self.gate = GateService(self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path))
+        self.state = GuardState()
+        self.last_plan: Plan | None = None
+        self.last_snapshot: Snapshot | None = None
+        self.stats = TickStats()
+        self.stopping = asyncio.Event()
+        self.reloads = {"ok": 0, "failed": 0}
+        self._group: asyncio.TaskGroup | None = None
+        self._extra_tasks: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def start(self) -> None:
+        """Reconcile the ledger with the kernel before the first tick."""
+        if self.ledger.set_aside:
+            log.error("ledger was corrupt; restoring only what can be proven", kept_as=self.ledger.set_aside)
+        if not self.ledger.entries:
+            return
+        if self.settings.actuation.on_start == "adopt":
+            self.state = self.executor.adopt(time.monotonic())
+            log.info("re-adopted throttles from the ledger", count=len(self.state.throttles))
+        else:
+            outcomes = self.executor.restore_everything()
+            log.info("restored throttles from the ledger", **{k.value: len(v) for k, v in outcomes.items()})
+
+    def stop(self) -> None:
+        if self.settings.actuation.on_exit == "restore":
+            outcomes = self.executor.restore_everything()
+            log.info("restored throttles on exit", **{k.value: len(v) for k, v in outcomes.items()})
+        else:
+            self.ledger.save()
+            log.info("keeping throttles on exit", count=len(self.ledger.entries))
+        self.close()
+
+    def close(self) -> None:
+        self.sensor.close()
+        self._lock.close()
+
+    # --- the tick -----------------------------------------------------------------
+
+    def tick(self) -> Plan:
+        started = time.monotonic()
+        snapshot = self.sensor.sense()
+        self.gate.observe(snapshot.node)
+        plan = planner.plan(snapshot, self.state, self.settings.guard)
+        self.state = self.executor.carry_out(plan, self.state, snapshot)
+        self.last_snapshot, self.last_plan = snapshot, plan
+        self.stats.ticks += 1
+        self.stats.last_success = time.monotonic()
+        self.stats.durations = [*self.stats.durations[-59:], self.stats.last_success - started]
+        return plan
+
+    async def _tick_loop(self) -> None:
+        next_tick = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                self.tick()
+            except Exception as exc:  # a bug in one tick must not take the node's guard down
+                self.stats.errors += 1
+                log.error("tick failed", error=str(exc), exc_info=True)
+            period = self.settings.sensing.tick_seconds
+            next_tick += period
+            now = time.monotonic()
+            if next_tick < now:  # overran: skip the missed ticks rather than bunch them
+                next_tick = now + period
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=next_tick - now)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        assert self._group is not None
+        task = self._group.create_task(coro, name=name)
+        self._extra_tasks.add(task)
+        task.add_done_callback(self._extra_tasks.discard)
+
+    # --- reload -------------------------------------------------------------------
+
+    def reload(self) -> bool:
+        if self.config_path is None:
+            log.info("reload: no config file; nothing to do")
+            return True
+        try:
+            document: Document = load_document(self.config_path)
+            settings = document.settings_for(self.labels, str(self.config_path))
+        except ConfigError as exc:
+            self.reloads["failed"] += 1
+            for problem in exc.problems:
+                log.error("reload rejected; keeping the running config", problem=problem, source=exc.source)
+            return False
+        except ConfigUnreadable as exc:
+            self.reloads["failed"] += 1
+            log.error("reload rejected; keeping the running config", problem=str(exc))
+            return False
+        new = effective(settings, self.dry_run)
+        if new.sensing.cgroup_root != self.settings.sensing.cgroup_root or new.actuation != self.settings.actuation:
+            log.warning("cgroupRoot and actuation settings change only on restart; the rest is reloaded")
+            new = new.model_copy(
+                update={
+                    "sensing": new.sensing.model_copy(
+                        update={
+                            "cgroup_root": self.settings.sensing.cgroup_root,
+                            "cgroup_version": self.settings.sensing.cgroup_version,
+                        }
+                    ),
+                    "actuation": self.settings.actuation,
+                }
+            )
+        self.settings = new
+        self.sensor.reconfigure(new)
+        self.gate.reconfigure(new.gate)
+        self.reloads["ok"] += 1
+        log.info("config reloaded", source=str(self.config_path))
+        return True
+
+    # --- run ----------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        self.start()
+        log.info(
+            "nodeguard running",
+            cgroup=self.sensor.layout.version,
+            root=self.writer.root,
+            tick_seconds=self.settings.sensing.tick_seconds,
+            objectives=len(self.settings.guard.objectives),
+            dry_run=self.settings.actuation.dry_run,
+        )
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self._tick_loop(), name="guard")
+                services = [group.create_task(self.gate.run(), name="gate")]
+                await self.stopping.wait()
+                for task in [*services, *self._extra_tasks]:
+                    task.cancel()
+        finally:
+            self._group = None
+            self.stop()
+        log.info("nodeguard stopped")
+        return 0

@@ -1,0 +1,1 @@
+"""The start gate: admitting container and process starts through a composite policy."""

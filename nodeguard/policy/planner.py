@@ -1,0 +1,588 @@
+"""The precise planner: (snapshot, state, settings) -> Plan, with no side effects.
+
+One tick, in order:
+
+1. Throttle (decrease fast): per throttle waterline past for triggerAfter
+   ticks, walk the sorted candidates and lower each one's quota just enough to
+   close what is left of the gap, never below its floor (its CPU request, and
+   guard.minQuotaCores), and by at least guard.minChangePercent of the node
+   where it has that much above its floor; stop when the gap is closed. A
+   non-quantified metric lowers one workload by guard.closedLoopStepPercent
+   of its usage, then cools down. Throttling for one CPU metric counts
+   towards the gaps of the others in the same tick.
+2. Evict (last resort): incompressible metrics first. The gap left after this
+   tick's throttles and the evictions still terminating is closed by the
+   fewest candidates, within the eviction budget.
+3. Restore (increase slowly): only when no throttle waterline is past and
+   every throttle metric has been below its restore waterline for
+   restoreAfter ticks; the most important throttled workload first, quotas
+   raised by at most guard.restoreStepPercent of the node per tick in all and
+   by no more than the throttle-up gap, steps under guard.minChangePercent
+   skipped. A workload is released (its exact original limit written back,
+   possibly unlimited) once the step reaches its original limit, the node's
+   cores, or the usage it had when first throttled, whichever is lowest.
+
+A missing sample never widens an action: the metric is blocked and the plan
+says so. With a non-quantified throttle metric configured, restores go one
+workload per tick and cool down, like its throttles. Dry-run actions are planned like real ones but leave the throttles
+held and the evictions pending as they were: nothing changed on the node.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from nodeguard.config import GuardSettings
+from nodeguard.model.samples import CpuMax
+from nodeguard.model.snapshot import Snapshot, WorkloadUsage
+from nodeguard.policy.actions import Action, Blocked, Cause, Evict, Restore, Throttle
+from nodeguard.policy.gaps import Gaps, compute_gaps
+from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
+from nodeguard.policy.ranking import GENERAL_SORTER, Ranked, ordering
+from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, HeldThrottle, Key, PendingEviction
+from nodeguard.policy.waterlines import ActionKind, Waterline, resolve_waterlines
+
+MIN_QUOTA_US = 1000  # the kernel refuses a smaller cfs quota
+# A gap under one millicore (Kubernetes' smallest CPU unit) is closed: quotas
+# are whole microseconds, and rounding must not touch one more workload.
+CLOSED_CORES = 1e-3
+_METRIC_ORDER = {metric: index for index, metric in enumerate(CAPABILITIES)}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    monotonic: float
+    readings: Mapping[Metric, float | None]  # every metric's node value, in its unit
+    waterlines: Mapping[tuple[Metric, ActionKind], Waterline]
+    gaps: Gaps
+    actions: tuple[Action, ...]
+    blocked: tuple[Blocked, ...]
+    rankings: Mapping[tuple[str, ...], Ranked]  # the candidate orders this plan used, by comparator names
+    departed: tuple[str, ...]  # throttled workloads that left the node: drop them from the ledger
+    expired: tuple[PendingEviction, ...]  # evictions that outlived evictions.terminationTimeoutSeconds
+    workloads: int
+    candidates: int | None  # None when no action needed them
+    state: GuardState  # for the next tick
+
+
+def plan(snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> Plan:
+    """Decide this tick's actions; the returned plan carries the state for the next tick."""
+    return _Tick(snapshot, state, guard).run()
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _first(metrics: frozenset[Metric]) -> Metric:
+    # A throttle adopted from an older run's ledger may not know its reason.
+    return min(metrics, key=_METRIC_ORDER.__getitem__) if metrics else Metric.CPU_TOTAL_USAGE
+
+
+class _Tick:
+    """Scratch for one plan() call; never outlives it."""
+
+    def __init__(self, snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> None:
+        self.snapshot = snapshot
+        self.node = snapshot.node
+        self.now = snapshot.monotonic
+        self.state = state
+        self.guard = guard
+        self.workloads = snapshot.workloads
+        self.readings: dict[Metric, float | None] = {m: cap.read(self.node) for m, cap in CAPABILITIES.items()}
+        self.lines = resolve_waterlines(guard.objectives, self.node)
+        self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
+
+        self.departed = tuple(wid for wid in state.throttles if wid not in self.workloads)
+        self.throttles = {wid: h for wid, h in state.throttles.items() if wid in self.workloads}
+        self.held_before = bool(self.throttles)
+        timeout = guard.evictions.termination_timeout_seconds
+        self.evictions: dict[str, PendingEviction] = {}
+        expired = []
+        for wid, pending in state.evictions.items():
+            if wid not in self.workloads:
+                continue  # gone: released
+            if self.now - pending.since > timeout:
+                expired.append(pending)
+            else:
+                self.evictions[wid] = pending
+        self.expired = tuple(expired)
+
+        self.gaps = compute_gaps(self.readings, self.lines, bool(self.throttles))
+        self.streaks = self._streaks()
+        self.cooling = {key for key, ticks in state.cooldowns.items() if ticks > 0}
+        self.cooldowns = {key: ticks - 1 for key, ticks in state.cooldowns.items() if ticks > 1}
+
+        self.actions: list[Action] = []
+        self.blocked: list[Blocked] = []
+        self.rankings: dict[tuple[str, ...], Ranked] = {}
+        self._candidates: list[WorkloadUsage] | None = None
+        self._unknown: dict[Resource, list[str]] = {}
+        self.planned: dict[str, CpuMax] = {}  # quotas lowered this tick
+        self.released_cores = 0.0  # by this tick's throttles and evictions
+        self.released_memory = 0
+        self.evicted: set[str] = set()
+        self.evicted_count = {False: 0, True: 0}  # by dry_run
+        self.last_eviction = dict(state.last_eviction)
+
+    # --- bookkeeping -------------------------------------------------------------
+
+    def _streaks(self) -> dict[Key, int]:
+        old = self.state.streaks
+        streaks: dict[Key, int] = {}
+        for (metric, action), line in self.lines.items():
+            value = self.readings[metric]
+            key = (metric, Direction.THROTTLE if action == "throttle" else Direction.EVICT)
+            past = value is not None and value > line.threshold
+            streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if past else 0
+            if line.restore_below is not None:
+                key = (metric, Direction.RESTORE)
+                calm = value is not None and value < line.restore_below
+                streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if calm else 0
+        return streaks
+
+    def block(self, metric: Metric, direction: Direction, cause: Cause, detail: str) -> None:
+        self.blocked.append(Blocked(metric, direction, cause, detail))
+
+    def candidates(self) -> list[WorkloadUsage]:
+        if self._candidates is None:
+            spec = self.guard.candidates
+            classes = frozenset(spec.classes)
+            below = spec.below_priority
+            pending = self.evictions
+            self._candidates = [
+                u
+                for wid, u in self.workloads.items()
+                if not u.workload.protected
+                and u.workload.qos_class in classes
+                and (below is None or u.workload.priority < below)
+                and wid not in pending
+            ]
+        return self._candidates
+
+    def ranked(self, names: tuple[str, ...]) -> Ranked:
+        ranked = self.rankings.get(names)
+        if ranked is None:
+            ranked = self.rankings[names] = ordering(names).rank(self.candidates())
+        return ranked
+
+    def unknown(self, resource: Resource) -> list[str]:
+        """Candidates without a usage sample for ``resource``: they block the metric."""
+        ids = self._unknown.get(resource)
+        if ids is None:
+            if resource is Resource.CPU:
+                ids = [u.workload.id for u in self.candidates() if u.cores is None]
+            else:
+                ids = [u.workload.id for u in self.candidates() if u.memory_bytes is None]
+            self._unknown[resource] = ids
+        return ids
+
+    def ready(self, line: Waterline, direction: Direction) -> bool:
+        """The circuit breaker, the trigger streak and the cool-down, for a line past its waterline."""
+        metric = line.metric
+        key = (metric, direction)
+        streak = self.streaks.get(key, 0)
+        if streak < line.trigger_after:
+            self.block(metric, direction, "confirming", f"past the waterline {streak}/{line.trigger_after} ticks")
+            return False
+        if key in self.cooling:
+            self.block(metric, direction, "cooldown", "measuring the effect of the last action")
+            return False
+        missing = self.unknown(CAPABILITIES[metric].resource)
+        if missing:
+            shown = ", ".join(missing[:3]) + (" …" if len(missing) > 3 else "")
+            self.block(metric, direction, "missing-sample", f"{len(missing)} candidate(s) without usage yet: {shown}")
+            return False
+        return True
+
+    def missing_sample(self, metric: Metric, direction: Direction) -> None:
+        self.block(metric, direction, "missing-sample", f"no {metric} sample (first tick, or not available here)")
+
+    def dry(self, line: Waterline) -> bool:
+        return self.guard.dry_run or line.dry_run
+
+    # --- run -----------------------------------------------------------------------
+
+    def run(self) -> Plan:
+        lines = sorted(self.lines.values(), key=lambda w: (not w.quantified, _METRIC_ORDER[w.metric]))
+        for line in lines:
+            if line.action == "throttle":
+                self.throttle(line)
+        # Incompressible first: memory cannot wait for CPU to be released.
+        for line in sorted(lines, key=lambda w: CAPABILITIES[w.metric].compressible):
+            if line.action == "evict":
+                self.evict(line)
+        self.restore([line for line in lines if line.action == "throttle"])
+        new_state = GuardState(
+            streaks=self.streaks,
+            cooldowns=self.cooldowns,
+            throttles=self.throttles,
+            evictions=self.evictions,
+            last_eviction=self.last_eviction,
+        )
+        return Plan(
+            monotonic=self.now,
+            readings=self.readings,
+            waterlines=self.lines,
+            gaps=self.gaps,
+            actions=tuple(self.actions),
+            blocked=tuple(self.blocked),
+            rankings=self.rankings,
+            departed=self.departed,
+            expired=self.expired,
+            workloads=len(self.workloads),
+            candidates=None if self._candidates is None else len(self._candidates),
+            state=new_state,
+        )
+
+    # --- throttle ------------------------------------------------------------------
+
+    def throttle(self, line: Waterline) -> None:
+        metric = line.metric
+        if self.readings[metric] is None:
+            self.missing_sample(metric, Direction.THROTTLE)
+            return
+        gap = self.gaps.throttle_down.get(metric)
+        if gap is None or not self.ready(line, Direction.THROTTLE):
+            return
+        ranked = self.ranked(line.sort_by)
+        if line.quantified:
+            self._throttle_precisely(line, gap, ranked)
+        else:
+            self._throttle_one(line, gap, ranked)
+
+    def _throttle_precisely(self, line: Waterline, gap: float, ranked: Ranked) -> None:
+        per_unit = self._per_unit(line.metric)
+        # This tick's earlier throttles (another CPU metric) already count.
+        remaining = gap / per_unit - self.released_cores
+        for _, usage in ranked:
+            if remaining < CLOSED_CORES:
+                return
+            lowered = self._lower(usage, want=remaining)
+            if lowered is not None:
+                self._emit_throttle(line, usage, lowered, remaining * per_unit, per_unit)
+                remaining -= lowered[1]
+        if remaining >= CLOSED_CORES:
+            self.block(
+                line.metric,
+                Direction.THROTTLE,
+                "exhausted",
+                f"{_fmt(remaining * per_unit)} of the gap stays open: no candidate can release more",
+            )
+
+    def _throttle_one(self, line: Waterline, gap: float, ranked: Ranked) -> None:
+        fraction = self.guard.closed_loop_step_percent / 100.0
+        for _, usage in ranked:
+            lowered = self._lower(usage, fraction=fraction)
+            if lowered is not None:
+                self._emit_throttle(line, usage, lowered, gap, None)
+                self.cooldowns[(line.metric, Direction.THROTTLE)] = self.guard.cooldown_ticks
+                return
+        self.block(line.metric, Direction.THROTTLE, "exhausted", "no candidate can release more")
+
+    def _lower(
+        self, usage: WorkloadUsage, want: float = 0.0, fraction: float = 0.0
+    ) -> tuple[CpuMax, float, CpuMax] | None:
+        """Lower by ``want`` cores or ``fraction`` of the usage, at least minChange, down to the floor.
+
+        Returns the new quota, the cores it releases and the limit before; None
+        when the workload is at its floor already.
+        """
+        own, cores = usage.cpu_max, usage.cores
+        if own is None or cores is None:
+            return None  # no cpu controller: nothing to throttle with
+        request = usage.workload.cpu_request_cores or 0.0
+        if cores - self.guard.min_quota_cores < CLOSED_CORES or cores - request < CLOSED_CORES:
+            return None  # at its floor: the common case on a busy node, so decided before any lookup
+        wid = usage.workload.id
+        held = self.throttles.get(wid)
+        current = self.planned.get(wid)
+        if current is None:
+            current = held.quota if held is not None else own
+        used = cores
+        if current.quota_us is not None:
+            used = min(used, current.quota_us / current.period_us)
+        period = current.period_us
+        floor = max(self.guard.min_quota_cores, request, MIN_QUOTA_US / period)
+        room = used - floor
+        if room < CLOSED_CORES:
+            return None
+        # At least minChange, so a big workload is not nudged by a sliver; a small
+        # one may give all it has above its floor.
+        target = used - min(room, max(want, used * fraction, self.min_change))
+        quota_us = max(round(target * period), math.ceil(floor * period))
+        release = used - quota_us / period
+        if release <= 0:
+            return None
+        return CpuMax(quota_us, period), release, current
+
+    def _emit_throttle(
+        self,
+        line: Waterline,
+        usage: WorkloadUsage,
+        lowered: tuple[CpuMax, float, CpuMax],
+        gap_before: float,
+        per_unit: float | None,
+    ) -> None:
+        quota, release, previous = lowered
+        workload = usage.workload
+        held = self.throttles.get(workload.id)
+        original = held.original if held is not None else usage.cpu_max
+        assert original is not None  # _lower() checked
+        dry = self.dry(line)
+        how = "precisely" if per_unit is not None else "one step (closed loop)"
+        self.actions.append(
+            Throttle(
+                workload=workload,
+                metric=line.metric,
+                reason=f"{line.metric} past {_fmt(line.threshold)} ({line.objective}): throttle {how}",
+                gap_before=gap_before,
+                predicted_release=None if per_unit is None else release * per_unit,
+                release_cores=release,
+                quota=quota,
+                previous=previous,
+                original=original,
+                dry_run=dry,
+            )
+        )
+        self.planned[workload.id] = quota
+        self.released_cores += release
+        if not dry:
+            self.throttles[workload.id] = HeldThrottle(
+                workload_id=workload.id,
+                original=original,
+                quota=quota,
+                reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
+                since=held.since if held is not None else self.now,
+                demand_cores=held.demand_cores if held is not None else usage.cores,
+            )
+
+    def _per_unit(self, metric: Metric) -> float:
+        scale = CAPABILITIES[metric].per_resource_unit
+        assert scale is not None, f"{metric} is not quantified"
+        return scale(self.node)
+
+    # --- evict ---------------------------------------------------------------------
+
+    def evict(self, line: Waterline) -> None:
+        metric = line.metric
+        if self.readings[metric] is None:
+            self.missing_sample(metric, Direction.EVICT)
+            return
+        gap = self.gaps.evict.get(metric)
+        if gap is None or not self.ready(line, Direction.EVICT):
+            return
+        dry = self.dry(line)
+        budget = self.guard.evictions
+        last = self.last_eviction.get(dry)
+        if self.evicted_count[dry] == 0 and last is not None and self.now - last < budget.min_interval_seconds:
+            wait = budget.min_interval_seconds - (self.now - last)
+            self.block(metric, Direction.EVICT, "eviction-budget", f"next eviction round in {wait:.0f}s")
+            return
+        if self.evicted_count[dry] >= budget.max_per_tick:
+            self.block(metric, Direction.EVICT, "eviction-budget", f"maxPerTick ({budget.max_per_tick}) reached")
+            return
+        ranked = self.ranked(line.sort_by)
+        if line.quantified:
+            self._evict_precisely(line, gap, ranked, dry)
+        else:
+            self._evict_one(line, gap, ranked, dry)
+
+    def _expected_cores(self, usage: WorkloadUsage) -> float:
+        cores = usage.cores or 0.0
+        planned = self.planned.get(usage.workload.id)
+        if planned is None or planned.quota_us is None:
+            return cores
+        return min(cores, planned.quota_us / planned.period_us)
+
+    def _evict_precisely(self, line: Waterline, gap: float, ranked: Ranked, dry: bool) -> None:
+        metric = line.metric
+        per_unit = self._per_unit(metric)
+        memory = CAPABILITIES[metric].resource is Resource.MEMORY
+        pending: float
+        if memory:
+            pending = sum(p.memory_bytes for p in self.evictions.values()) + self.released_memory
+        else:
+            pending = sum(p.cores for p in self.evictions.values()) + self.released_cores
+        remaining = gap - pending * per_unit
+        if remaining <= 0:
+            if self.evictions:
+                ids = ", ".join(sorted(self.evictions))
+                self.block(metric, Direction.EVICT, "eviction-pending", f"still terminating, releasing enough: {ids}")
+            return
+        limit = self.guard.evictions.max_per_tick
+        for _, usage in ranked:
+            if remaining <= 0:
+                return
+            if self.evicted_count[dry] >= limit:
+                detail = f"{_fmt(remaining)} of the gap stays open: maxPerTick ({limit}) reached"
+                self.block(metric, Direction.EVICT, "eviction-budget", detail)
+                return
+            if usage.workload.id in self.evicted:
+                continue
+            amount = (usage.memory_bytes or 0) if memory else self._expected_cores(usage)
+            release = amount * per_unit
+            if release <= 0:
+                continue
+            self._emit_evict(line, usage, remaining, release, dry)
+            remaining -= release
+        if remaining > 0:
+            detail = f"{_fmt(remaining)} of the gap stays open: no candidate left"
+            self.block(metric, Direction.EVICT, "exhausted", detail)
+
+    def _evict_one(self, line: Waterline, gap: float, ranked: Ranked, dry: bool) -> None:
+        metric = line.metric
+        if self.evictions or self.evicted:
+            ids = ", ".join(sorted(self.evictions.keys() | self.evicted))
+            self.block(metric, Direction.EVICT, "eviction-pending", f"measuring again once gone: {ids}")
+            return
+        if not ranked:
+            self.block(metric, Direction.EVICT, "exhausted", "no candidate left")
+            return
+        self._emit_evict(line, ranked[0][1], gap, None, dry)
+        self.cooldowns[(metric, Direction.EVICT)] = self.guard.cooldown_ticks
+
+    def _emit_evict(
+        self, line: Waterline, usage: WorkloadUsage, gap_before: float, release: float | None, dry: bool
+    ) -> None:
+        workload = usage.workload
+        cores = self._expected_cores(usage)
+        memory = usage.memory_bytes or 0
+        how = "fewest workloads that close the gap" if release is not None else "one workload (closed loop)"
+        self.actions.append(
+            Evict(
+                workload=workload,
+                metric=line.metric,
+                reason=f"{line.metric} past {_fmt(line.threshold)} ({line.objective}): evict {how}",
+                gap_before=gap_before,
+                predicted_release=release,
+                cores=cores,
+                memory_bytes=memory,
+                dry_run=dry,
+            )
+        )
+        self.evicted.add(workload.id)
+        if self.evicted_count[dry] == 0:
+            self.last_eviction[dry] = self.now
+        self.evicted_count[dry] += 1
+        self.released_cores += cores
+        self.released_memory += memory
+        if not dry:
+            self.evictions[workload.id] = PendingEviction(workload.id, line.metric, cores, memory, self.now)
+
+    # --- restore -------------------------------------------------------------------
+
+    def restore(self, lines: list[Waterline]) -> None:
+        if not self.held_before:
+            return
+        for metric in self.gaps.throttle_down:
+            self.block(metric, Direction.RESTORE, "throttling", f"{metric} is past its waterline")
+        if self.gaps.throttle_down:
+            return
+        reasons = frozenset().union(*(h.reasons for h in self.throttles.values()))
+        budget = self.guard.restore_step_percent / 100.0 * self.node.cpus
+        closed_loop: list[Metric] = []
+        for line in lines:
+            if not self._calm(line, reasons):
+                return
+            up = self.gaps.throttle_up.get(line.metric)
+            if up is None:
+                continue  # no sample, and nothing held for this metric
+            if line.quantified:
+                budget = min(budget, up / self._per_unit(line.metric))
+            else:
+                closed_loop.append(line.metric)
+        self._raise(budget, closed_loop)
+
+    def _calm(self, line: Waterline, reasons: frozenset[Metric]) -> bool:
+        """May quotas rise as far as this throttle metric is concerned?"""
+        metric = line.metric
+        value = self.readings[metric]
+        if value is None:
+            if metric in reasons:
+                self.missing_sample(metric, Direction.RESTORE)
+                return False
+            return True
+        assert line.restore_below is not None  # config: a throttle objective has restoreBelow
+        if metric not in self.gaps.throttle_up:
+            detail = f"{_fmt(value)} is not below the restore waterline {_fmt(line.restore_below)}"
+            self.block(metric, Direction.RESTORE, "dead-band", detail)
+            return False
+        key = (metric, Direction.RESTORE)
+        streak = self.streaks.get(key, 0)
+        if streak < line.restore_after:
+            self.block(
+                metric,
+                Direction.RESTORE,
+                "confirming",
+                f"below the restore waterline {streak}/{line.restore_after} ticks",
+            )
+            return False
+        if key in self.cooling:
+            self.block(metric, Direction.RESTORE, "cooldown", "measuring the effect of the last restore")
+            return False
+        return True
+
+    def _raise(self, budget: float, closed_loop: list[Metric]) -> None:
+        held = [self.workloads[wid] for wid in self.throttles if wid not in self.evictions]
+        spent = 0.0
+        # Most important first: the reverse of the order in which they were picked.
+        for usage in reversed(GENERAL_SORTER.sort(held)):
+            throttle = self.throttles[usage.workload.id]
+            quota = throttle.quota
+            current = quota.quota_us / quota.period_us if quota.quota_us is not None else math.inf
+            ceiling = min(throttle.original.cores or math.inf, float(self.node.cpus))
+            # Above what it used before the throttle, a higher quota is not expected to add usage.
+            if throttle.demand_cores is not None:
+                ceiling = min(ceiling, throttle.demand_cores)
+            left = budget - spent
+            if ceiling - current <= left:
+                step, new, full = max(0.0, ceiling - current), throttle.original, True
+            elif left >= self.min_change and left > 0:
+                period = quota.period_us
+                step, full = left, False
+                new = CpuMax(round((current + left) * period), period)
+            else:
+                if spent == 0:
+                    detail = f"a step of {_fmt(left)} cores is under minChangePercent"
+                    self.block(_first(throttle.reasons), Direction.RESTORE, "step-too-small", detail)
+                return
+            spent += step
+            self._emit_restore(usage, throttle, new, step=step, full=full, spent=spent)
+            if closed_loop:
+                for metric in closed_loop:
+                    self.cooldowns[(metric, Direction.RESTORE)] = self.guard.cooldown_ticks
+                return  # closed loop: one workload, then measure again
+
+    def _emit_restore(
+        self, usage: WorkloadUsage, throttle: HeldThrottle, new: CpuMax, *, step: float, full: bool, spent: float
+    ) -> None:
+        metric = _first(throttle.reasons)
+        up = self.gaps.throttle_up.get(metric)
+        quantified = CAPABILITIES[metric].throttle_quantified
+        per_unit = self._per_unit(metric) if quantified else None
+        gap_before = up if up is None or per_unit is None else up - (spent - step) * per_unit
+        dry = self.guard.dry_run
+        self.actions.append(
+            Restore(
+                workload=usage.workload,
+                metric=metric,
+                reason=("released: back to the original limit" if full else "raised one step")
+                + " (node calm on every throttle metric)",
+                gap_before=gap_before,
+                predicted_release=None if per_unit is None else -step * per_unit,
+                quota=new,
+                previous=throttle.quota,
+                original=throttle.original,
+                full=full,
+                dry_run=dry,
+            )
+        )
+        if dry:
+            return
+        if full:
+            del self.throttles[usage.workload.id]
+        else:
+            self.throttles[usage.workload.id] = replace(throttle, quota=new)

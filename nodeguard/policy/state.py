@@ -1,0 +1,77 @@
+"""What the guard remembers between ticks: counters, cool-downs, throttles held, evictions pending.
+
+The planner takes a GuardState and returns a new one; nothing here changes in
+place. The new state assumes every action that is not a dry run was carried
+out; the daemon drops what failed (``without_throttle``, ``without_eviction``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from nodeguard.model.samples import CpuMax
+from nodeguard.policy.metrics import Metric
+
+
+class Direction(StrEnum):
+    THROTTLE = "throttle"  # lower quotas: the throttle-down gap
+    RESTORE = "restore"  # raise quotas back: the throttle-up gap
+    EVICT = "evict"
+
+
+Key = tuple[Metric, Direction]
+
+# Streaks are capped: a counter only needs to reach the largest triggerAfter/restoreAfter.
+STREAK_CAP = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class HeldThrottle:
+    """A workload whose quota the guard lowered, and the limit it had before."""
+
+    workload_id: str
+    original: CpuMax  # cpu.max when first throttled; quota_us None = unlimited
+    quota: CpuMax  # what the guard set last
+    reasons: frozenset[Metric]  # may be empty (a throttle adopted from the ledger of an older run)
+    since: float  # monotonic time of the first throttle
+    # Cores it used when first throttled; a restore that lifts the quota past
+    # this releases it at once. None (unknown) climbs all the way step by step.
+    demand_cores: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PendingEviction:
+    """A workload asked to leave and not gone yet: its usage counts as released already."""
+
+    workload_id: str
+    metric: Metric
+    cores: float
+    memory_bytes: int
+    since: float  # monotonic
+
+
+@dataclass(frozen=True, slots=True)
+class GuardState:
+    # Consecutive ticks past the waterline (THROTTLE, EVICT) or below the restore
+    # waterline (RESTORE), per metric.
+    streaks: Mapping[Key, int] = field(default_factory=dict)
+    # Ticks still to wait after acting on a non-quantified metric.
+    cooldowns: Mapping[Key, int] = field(default_factory=dict)
+    throttles: Mapping[str, HeldThrottle] = field(default_factory=dict)
+    evictions: Mapping[str, PendingEviction] = field(default_factory=dict)
+    # Monotonic time of the last eviction round; dry runs keep their own clock
+    # so a logged eviction never delays a real one.
+    last_eviction: Mapping[bool, float] = field(default_factory=dict)
+
+    @classmethod
+    def primed(cls) -> GuardState:
+        """A state whose streaks have already held long enough, for a one-shot plan (``nodeguard plan``)."""
+        return cls(streaks={(metric, direction): STREAK_CAP for metric in Metric for direction in Direction})
+
+    def without_throttle(self, workload_id: str) -> GuardState:
+        return replace(self, throttles={k: v for k, v in self.throttles.items() if k != workload_id})
+
+    def without_eviction(self, workload_id: str) -> GuardState:
+        return replace(self, evictions={k: v for k, v in self.evictions.items() if k != workload_id})

@@ -1,0 +1,137 @@
+"""The decision trace: a whole plan as one JSON-able dict.
+
+It holds what the plan saw (node readings, waterlines), what it computed
+(gaps by direction, the candidate orders with their sort keys), what it
+decided (actions with predicted releases) and what it did not do and why
+(blocked). Sort keys are shown as the comparators compute them: lower sorts
+first, usages negated so that the largest comes first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nodeguard.model.samples import CpuMax
+from nodeguard.model.workloads import Workload
+from nodeguard.policy.actions import Action, Evict, Restore, Throttle
+from nodeguard.policy.planner import Plan
+from nodeguard.policy.state import GuardState
+
+
+def _cpu_max(limit: CpuMax) -> dict[str, Any]:
+    return {"quota_us": limit.quota_us, "period_us": limit.period_us, "cores": limit.cores}
+
+
+def _workload(workload: Workload) -> dict[str, Any]:
+    return {
+        "id": workload.id,
+        "name": workload.name,
+        "kind": workload.kind,
+        "class": str(workload.qos_class),
+        "priority": workload.priority,
+    }
+
+
+def _action(action: Action) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "kind": action.kind,
+        "workload": _workload(action.workload),
+        "metric": str(action.metric),
+        "reason": action.reason,
+        "gap_before": action.gap_before,
+        "predicted_release": action.predicted_release,
+        "dry_run": action.dry_run,
+    }
+    if isinstance(action, Throttle | Restore):
+        data["quota"] = _cpu_max(action.quota)
+        data["previous"] = _cpu_max(action.previous)
+        data["original"] = _cpu_max(action.original)
+    if isinstance(action, Throttle):
+        data["release_cores"] = action.release_cores
+    elif isinstance(action, Restore):
+        data["full"] = action.full
+    elif isinstance(action, Evict):
+        data["cores"] = action.cores
+        data["memory_bytes"] = action.memory_bytes
+    return data
+
+
+def _key_part(part: object) -> object:
+    return list(part) if isinstance(part, tuple) else part
+
+
+def _state(state: GuardState) -> dict[str, Any]:
+    def keyed(counts: Mapping[tuple[Any, Any], int]) -> dict[str, int]:
+        return {f"{metric}/{direction}": count for (metric, direction), count in counts.items()}
+
+    return {
+        "streaks": keyed(state.streaks),
+        "cooldowns": keyed(state.cooldowns),
+        "throttles": {
+            wid: {
+                "original": _cpu_max(held.original),
+                "quota": _cpu_max(held.quota),
+                "reasons": sorted(str(m) for m in held.reasons),
+                "since": held.since,
+            }
+            for wid, held in state.throttles.items()
+        },
+        "evictions": {
+            wid: {"metric": str(p.metric), "cores": p.cores, "memory_bytes": p.memory_bytes, "since": p.since}
+            for wid, p in state.evictions.items()
+        },
+        "last_eviction": {("dry_run" if dry else "real"): at for dry, at in state.last_eviction.items()},
+    }
+
+
+def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, Any]:
+    """The plan as plain JSON values; ``candidate_limit`` keeps only the first candidates of each order."""
+    released: dict[str, float] = {}
+    for action in plan.actions:
+        if action.predicted_release is not None:
+            metric = str(action.metric)
+            released[metric] = released.get(metric, 0.0) + action.predicted_release
+    return {
+        "monotonic": plan.monotonic,
+        "inputs": {
+            "workloads": plan.workloads,
+            "candidates": plan.candidates,
+            "readings": {str(m): value for m, value in plan.readings.items()},
+        },
+        "waterlines": [
+            {
+                "metric": str(line.metric),
+                "action": line.action,
+                "threshold": line.threshold,
+                "restore_below": line.restore_below,
+                "trigger_after": line.trigger_after,
+                "restore_after": line.restore_after,
+                "dry_run": line.dry_run,
+                "sort_by": list(line.sort_by),
+                "objective": line.objective,
+            }
+            for line in plan.waterlines.values()
+        ],
+        "gaps": {
+            "throttle_down": {str(m): gap for m, gap in plan.gaps.throttle_down.items()},
+            "throttle_up": {str(m): gap for m, gap in plan.gaps.throttle_up.items()},
+            "evict": {str(m): gap for m, gap in plan.gaps.evict.items()},
+        },
+        "candidates": {
+            ",".join(names): [
+                {"workload": usage.workload.id, "key": dict(zip(names, map(_key_part, key), strict=False))}
+                for key, usage in ranked[:candidate_limit]
+            ]
+            for names, ranked in plan.rankings.items()
+        },
+        "actions": [_action(action) for action in plan.actions],
+        "predicted_release": released,
+        "blocked": [
+            {"metric": str(b.metric), "direction": str(b.direction), "cause": b.cause, "detail": b.detail}
+            for b in plan.blocked
+        ],
+        "departed": list(plan.departed),
+        "expired": [{"workload": p.workload_id, "metric": str(p.metric), "since": p.since} for p in plan.expired],
+        "state": _state(plan.state),
+    }

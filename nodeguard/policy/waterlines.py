@@ -1,0 +1,78 @@
+"""Waterlines: the configured objectives resolved against this node's capacity.
+
+Several objectives on the same metric and action make one waterline: the
+lowest threshold wins, and its objective supplies triggerAfter, dryRun and
+the candidate order. For throttling, the restore waterline is the lowest
+restoreBelow and restoreAfter the longest, so a restore satisfies every
+objective on the metric; both stay strictly below the waterline because each
+objective's restoreBelow is below its own threshold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from nodeguard.config import Objective
+from nodeguard.model.snapshot import NodeUsage
+from nodeguard.policy.metrics import CAPABILITIES, Metric
+
+ActionKind = Literal["throttle", "evict"]
+
+
+@dataclass(frozen=True, slots=True)
+class Waterline:
+    metric: Metric
+    action: ActionKind
+    threshold: float  # in the metric's unit
+    restore_below: float | None  # throttle only
+    trigger_after: int
+    restore_after: int
+    dry_run: bool
+    sort_by: tuple[str, ...]
+    objective: str  # the winning objective's name, or its place in the list
+
+    @property
+    def quantified(self) -> bool:
+        return CAPABILITIES[self.metric].quantified(self.action)
+
+
+def resolve_waterlines(objectives: Sequence[Objective], node: NodeUsage) -> dict[tuple[Metric, ActionKind], Waterline]:
+    """One waterline per (metric, action), thresholds in the metric's unit for this node."""
+    lines: dict[tuple[Metric, ActionKind], Waterline] = {}
+    for index, objective in enumerate(objectives):
+        cap = CAPABILITIES[objective.metric]
+        capacity = cap.capacity(node)
+        threshold = objective.threshold.resolve(capacity)
+        restore = objective.restore_below.resolve(capacity) if objective.restore_below is not None else None
+        line = Waterline(
+            metric=objective.metric,
+            action=objective.action,
+            threshold=threshold,
+            restore_below=restore,
+            trigger_after=objective.trigger_after,
+            restore_after=objective.restore_after,
+            dry_run=objective.dry_run,
+            sort_by=tuple(objective.sort_by) if objective.sort_by else cap.sort_by,
+            objective=objective.name or f"objectives[{index}]",
+        )
+        key = (objective.metric, objective.action)
+        held = lines.get(key)
+        if held is None:
+            lines[key] = line
+            continue
+        winner = line if line.threshold < held.threshold else held
+        restores = [r for r in (held.restore_below, restore) if r is not None]
+        lines[key] = Waterline(
+            metric=winner.metric,
+            action=winner.action,
+            threshold=winner.threshold,
+            restore_below=min(restores) if restores else None,
+            trigger_after=winner.trigger_after,
+            restore_after=max(held.restore_after, line.restore_after),
+            dry_run=winner.dry_run,
+            sort_by=winner.sort_by,
+            objective=winner.objective,
+        )
+    return lines

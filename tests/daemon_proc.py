@@ -1,0 +1,66 @@
+"""The real daemon as a child process, for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class DaemonProcess:
+    """``nodeguard run`` with JSON logs to a file the test reads."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path, *extra: str) -> None:
+        self.workdir = workdir
+        self.config_path = workdir / "nodeguard.json"
+        self.config_path.write_text(json.dumps(config))
+        self.log_path = workdir / f"daemon-{time.monotonic_ns()}.log"
+        self.args = [sys.executable, "-m", "nodeguard", "run", "--config", str(self.config_path), *extra]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str] | None = None) -> DaemonProcess:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.args, stdout=log, stderr=log, env={**os.environ, **(env or {})}, cwd=str(Path(__file__).parents[1])
+        )
+        log.close()
+        return self
+
+    def events(self) -> list[dict[str, Any]]:
+        found = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                found.append({"event": "<unparsed>", "line": line})
+        return found
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> float:
+        """Seconds until ``predicate`` held; fails with the daemon's log otherwise."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if predicate():
+                return time.monotonic() - start
+            if self.proc is not None and self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}; daemon log:\n{self.log_path.read_text()[-4000:]}")
+
+    def signal(self, signum: signal.Signals) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 10) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,222 @@
+"""The guard end to end: the real daemon, real burners in real cgroups, a real kernel enforcing.
+
+Runs on this host's cgroup v1 cpu hierarchy and, marked ``kernel``, inside the
+QEMU VM on cgroup v2 ``cpu.max``.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.model.samples import CpuMax
+from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max
+from nodeguard.sources.procfs import parse_proc_stat_cpu
+from nodeguard.sources.readers import count_cpus
+from tests import realcgroups as rc
+from tests.daemon_proc import DaemonProcess
+from tests.workloads import start_duty_cycle
+
+TICK = 0.5
+BURNERS = 4
+BURNER_SHARE = 0.35
+IMPORTANT_SHARE = 0.3
+UNLIMITED = CpuMax(None, 100000)
+
+
+def node_cores(seconds: float) -> float:
+    def read() -> tuple[int, int]:
+        cpu = parse_proc_stat_cpu(Path("/proc/stat").read_text())
+        return cpu.busy, cpu.total
+
+    busy0, total0 = read()
+    time.sleep(seconds)
+    busy1, total1 = read()
+    return (busy1 - busy0) / (total1 - total0) * count_cpus(Path("/proc/stat").read_text())
+
+
+@dataclass
+class Node:
+    version: str
+    root: Path  # the hierarchy nodeguard writes to
+    parent: str
+    dirs: dict[str, list[Path]]  # workload name -> its directories (one per hierarchy)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def quota(self, name: str) -> CpuMax:
+        group = self.root / self.parent / name
+        if self.version == "v2":
+            return parse_cpu_max((group / "cpu.max").read_text())
+        return parse_cfs_quota((group / "cpu.cfs_quota_us").read_text(), (group / "cpu.cfs_period_us").read_text())
+
+    def set_quota(self, name: str, limit: CpuMax) -> None:
+        group = self.root / self.parent / name
+        if self.version == "v2":
+            (group / "cpu.max").write_text(limit.render_v2())
+        else:
+            (group / "cpu.cfs_quota_us").write_text(str(limit.quota_us or -1))
+
+    def burners(self) -> list[str]:
+        return [f"be-{i}" for i in range(BURNERS)]
+
+    def throttled(self) -> set[str]:
+        return {name for name in self.dirs if self.quota(name) != UNLIMITED}
+
+    def start(self) -> None:
+        self.procs.append(start_duty_cycle(IMPORTANT_SHARE, *self.dirs["important"]))
+        self.procs += [start_duty_cycle(BURNER_SHARE, *self.dirs[name]) for name in self.burners()]
+
+    def stop_burners(self) -> None:
+        for proc in self.procs[1:]:
+            rc.stop(proc)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                rc.stop(proc)
+
+    def config(self, ledger: Path, threshold: float) -> dict[str, Any]:
+        return {
+            "global": {
+                "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.version, "tickSeconds": TICK,
+                            "kubepods": False},
+                "workloads": {"groups": [
+                    {"match": f"{self.parent}/be-*", "class": "BestEffort"},
+                    {"match": f"{self.parent}/important", "class": "Guaranteed", "priority": 1000,
+                     "protected": True},
+                ]},
+                "guard": {"objectives": [{
+                    "metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 1, "restoreAfter": 2,
+                    "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.4, 3),
+                }], "restoreStepPercent": 25},
+                "actuation": {"ledgerPath": str(ledger)},
+            }
+        }
+
+
+def _v1_node() -> Iterator[Node]:
+    reason = rc.why_no_v1_cpu()
+    if reason:
+        pytest.skip(reason)
+    cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
+    assert cpu is not None and cpuacct is not None
+    parent = rc.unique_name()
+    names = ["important", *[f"be-{i}" for i in range(BURNERS)]]
+    hierarchies = [cpu] if cpu == cpuacct else [cpu, cpuacct]
+    dirs = {name: [h / parent / name for h in hierarchies] for name in names}
+    with rc.cgroups(*[d for ds in dirs.values() for d in ds]):
+        node = Node("v1", cpu, parent, dirs)
+        try:
+            yield node
+        finally:
+            node.stop_all()
+
+
+def _v2_node() -> Iterator[Node]:
+    mount = rc.v2_mount()
+    assert mount is not None
+    parent = rc.unique_name()
+    names = ["important", *[f"be-{i}" for i in range(BURNERS)]]
+    with rc.cgroups(mount / parent):
+        (mount / parent / "cgroup.subtree_control").write_text("+cpu")
+        with rc.cgroups(*[mount / parent / n for n in names]):
+            node = Node("v2", mount, parent, {n: [mount / parent / n] for n in names})
+            try:
+                yield node
+            finally:
+                node.stop_all()
+
+
+@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
+def node(request: pytest.FixtureRequest) -> Iterator[Node]:
+    yield from (_v1_node() if request.param == "v1" else _v2_node())
+
+
+@pytest.fixture
+def daemon(node: Node, tmp_path: Path) -> Iterator[DaemonProcess]:
+    # The burners add about 1.7 cores to whatever else runs; keep the waterline
+    # reachable on a busy machine too.
+    baseline = node_cores(1.0)
+    threshold = min(baseline + 1.2, count_cpus(Path("/proc/stat").read_text()) - 0.4)
+    node.start()
+    process = DaemonProcess(node.config(tmp_path / "run/ledger.json", threshold), tmp_path)
+    process.threshold = threshold  # type: ignore[attr-defined]
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def test_throttles_just_enough_and_restores_exactly(node: Node, daemon: DaemonProcess) -> None:
+    """Node CPU gets under the waterline within 3 ticks, the important workload is never touched,
+    not every burner is throttled, and quotas return to their exact originals when the burners stop."""
+    threshold: float = daemon.threshold  # type: ignore[attr-defined]
+    daemon.start()
+    daemon.wait_for(lambda: bool(node.throttled()), 10, "a first throttle")
+    first = time.monotonic()
+    time.sleep(3 * TICK)
+    measured = node_cores(2 * TICK)
+    assert measured < threshold, f"node at {measured:.2f} cores, waterline {threshold:.2f}, {time.monotonic() - first:.1f}s"
+    throttled = node.throttled()
+    assert "important" not in throttled
+    assert 0 < len(throttled) < BURNERS, f"all burners throttled: {throttled}"
+    node.stop_burners()
+    daemon.wait_for(lambda: not node.throttled(), 20, "every quota restored")
+    assert all(node.quota(name) == UNLIMITED for name in node.dirs)
+    assert not Ledger.load(str(daemon.workdir / "run/ledger.json")).entries
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait() == 0
+
+
+def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: Node, daemon: DaemonProcess) -> None:
+    """A quota reset behind the daemon's back is re-asserted next tick; after SIGKILL every throttle is in
+    the ledger, and a restarted daemon starts by restoring them."""
+    daemon.start()
+    daemon.wait_for(lambda: bool(node.throttled()), 10, "a first throttle")
+    time.sleep(2 * TICK)
+    victim = sorted(node.throttled())[0]
+    held = node.quota(victim)
+    node.set_quota(victim, UNLIMITED)
+    daemon.wait_for(lambda: node.quota(victim) != UNLIMITED, 3 * TICK + 1, "the quota re-asserted")
+    assert any(e.get("event") == "quota drift re-asserted" for e in daemon.events())
+    assert node.quota(victim) == held or node.quota(victim).quota_us is not None
+
+    daemon.kill()  # SIGKILL: no chance to restore
+    throttled = node.throttled()
+    assert throttled
+    ledger = Ledger.load(str(daemon.workdir / "run/ledger.json"))
+    assert throttled <= {wid.rsplit("/", 1)[-1] for wid in ledger.entries}, "a throttle without a ledger entry"
+    for wid, entry in ledger.entries.items():
+        assert entry.is_ours(node.quota(wid.rsplit("/", 1)[-1]))
+        assert entry.original_limit == UNLIMITED
+
+    node.stop_burners()
+    restarted = DaemonProcess.__new__(DaemonProcess)
+    restarted.__dict__.update(daemon.__dict__)
+    restarted.log_path = daemon.workdir / "restarted.log"
+    restarted.start()
+    restarted.wait_for(lambda: not node.throttled(), 10, "restore on start")
+    restarted.signal(signal.SIGTERM)
+    assert restarted.wait() == 0
+
+
+def test_sigterm_restores_everything_within_a_second(node: Node, daemon: DaemonProcess) -> None:
+    """SIGTERM while throttles are held puts every original back and exits within 1 s."""
+    daemon.start()
+    daemon.wait_for(lambda: len(node.throttled()) >= 1, 10, "a first throttle")
+    time.sleep(TICK)
+    sent = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(timeout=5) == 0
+    took = time.monotonic() - sent
+    assert not node.throttled(), node.throttled()
+    assert took < 1.0, f"took {took:.2f}s"
+    assert not Ledger.load(str(daemon.workdir / "run/ledger.json")).entries
