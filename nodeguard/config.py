@@ -196,6 +196,9 @@ class GuardSettings(Model):
     candidates: Candidates = Candidates()
     min_quota_cores: float = Field(0.05, gt=0, description="a throttle never goes below this")
     restore_step_percent: float = Field(10.0, gt=0, le=100, description="largest quota increase per tick, % of node")
+    target_margin_percent: float = Field(
+        1.0, ge=0, le=50, description="a throttle aims this far under the waterline, % of node CPU"
+    )
     min_change_percent: float = Field(1.0, ge=0, le=100, description="skip quota changes smaller than this, % of node")
     cooldown_ticks: int = Field(3, ge=1, le=1000, description="wait after acting on a non-quantified metric")
     closed_loop_step_percent: float = Field(

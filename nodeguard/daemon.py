@@ -134,7 +134,20 @@ class Daemon:
         snapshot = self.sensor.sense()
         self.gate.observe(snapshot.node)
         plan = planner.plan(snapshot, self.state, self.settings.guard)
+        writes = self.writer.counters.writes
         self.state = self.executor.carry_out(plan, self.state, snapshot)
+        if self.writer.counters.writes != writes:
+            # Start the next rate window after the writes: a window that began
+            # before them would show part of the old usage and over-throttle.
+            self.sensor.sense()
+        log.debug(
+            "tick",
+            readings={str(m): v for m, v in plan.readings.items() if v is not None},
+            throttle_down={str(m): v for m, v in plan.gaps.throttle_down.items()},
+            throttle_up={str(m): v for m, v in plan.gaps.throttle_up.items()},
+            actions=len(plan.actions),
+            blocked=[f"{b.metric}/{b.direction}: {b.cause}" for b in plan.blocked],
+        )
         self.last_snapshot, self.last_plan = snapshot, plan
         self.stats.ticks += 1
         self.stats.last_success = time.monotonic()

@@ -21,7 +21,7 @@ class DaemonProcess:
         self.config_path = workdir / "nodeguard.json"
         self.config_path.write_text(json.dumps(config))
         self.log_path = workdir / f"daemon-{time.monotonic_ns()}.log"
-        self.args = [sys.executable, "-m", "nodeguard", "run", "--config", str(self.config_path), *extra]
+        self.args = [sys.executable, "-m", "nodeguard", "--log-level", "debug", "run", "--config", str(self.config_path), *extra]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, env: dict[str, str] | None = None) -> DaemonProcess:
@@ -49,8 +49,16 @@ class DaemonProcess:
                 return time.monotonic() - start
             if self.proc is not None and self.proc.poll() is not None:
                 break
-            time.sleep(0.05)
+            time.sleep(0.2)  # slow polling: the test's own CPU use is noise the daemon measures
         raise AssertionError(f"timed out waiting for {what}; daemon log:\n{self.log_path.read_text()[-4000:]}")
+
+    def ticks(self) -> list[str]:
+        """The daemon's view of each tick (debug log), for failure messages."""
+        return [
+            f"{e.get('readings')} down={e.get('throttle_down')} actions={e.get('actions')}"
+            for e in self.events()
+            if e.get("event") == "tick"
+        ]
 
     def signal(self, signum: signal.Signals) -> None:
         assert self.proc is not None

@@ -94,6 +94,7 @@ class _Tick:
         self.readings: dict[Metric, float | None] = {m: cap.read(self.node) for m, cap in CAPABILITIES.items()}
         self.lines = resolve_waterlines(guard.objectives, self.node)
         self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
+        self.margin = guard.target_margin_percent / 100.0 * self.node.cpus
 
         self.departed = tuple(wid for wid in state.throttles if wid not in self.workloads)
         self.throttles = {wid: h for wid, h in state.throttles.items() if wid in self.workloads}
@@ -255,8 +256,9 @@ class _Tick:
 
     def _throttle_precisely(self, line: Waterline, gap: float, ranked: Ranked) -> None:
         per_unit = self._per_unit(line.metric)
-        # This tick's earlier throttles (another CPU metric) already count.
-        remaining = gap / per_unit - self.released_cores
+        # This tick's earlier throttles (another CPU metric) already count. Aim a
+        # margin under the waterline, so measurement noise does not re-trigger.
+        remaining = gap / per_unit + self.margin - self.released_cores
         for _, usage in ranked:
             if remaining < CLOSED_CORES:
                 return

@@ -6,6 +6,7 @@ QEMU VM on cgroup v2 ``cpu.max``.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -26,8 +27,11 @@ from tests.daemon_proc import DaemonProcess
 from tests.workloads import start_duty_cycle
 
 TICK = 0.5
-BURNERS = 4
-BURNER_SHARE = 0.35
+# Python runs ~20x slower under the VM's software emulation: the daemon takes
+# seconds to start there, so waits for it (not the ticks it is judged by) stretch.
+SLOW = 8.0 if os.environ.get("NODEGUARD_IN_VM") == "1" else 1.0
+BURNERS = 6
+BURNER_SHARE = 0.2
 IMPORTANT_SHARE = 0.3
 UNLIMITED = CpuMax(None, 100000)
 
@@ -94,9 +98,9 @@ class Node:
                      "protected": True},
                 ]},
                 "guard": {"objectives": [{
-                    "metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 1, "restoreAfter": 2,
+                    "metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
                     "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.4, 3),
-                }], "restoreStepPercent": 25},
+                }], "restoreStepPercent": 25, "targetMarginPercent": 5},
                 "actuation": {"ledgerPath": str(ledger)},
             }
         }
@@ -142,11 +146,12 @@ def node(request: pytest.FixtureRequest) -> Iterator[Node]:
 
 @pytest.fixture
 def daemon(node: Node, tmp_path: Path) -> Iterator[DaemonProcess]:
-    # The burners add about 1.7 cores to whatever else runs; keep the waterline
-    # reachable on a busy machine too.
+    # The workloads add about 1.5 cores to whatever else runs: a gap of about three
+    # burners' worth. Keep the waterline reachable on a busy machine too.
     baseline = node_cores(1.0)
-    threshold = min(baseline + 1.2, count_cpus(Path("/proc/stat").read_text()) - 0.4)
+    threshold = min(baseline + 1.0, count_cpus(Path("/proc/stat").read_text()) - 0.5)
     node.start()
+    time.sleep(1.5)  # let the burners reach their steady share before the first tick sees them
     process = DaemonProcess(node.config(tmp_path / "run/ledger.json", threshold), tmp_path)
     process.threshold = threshold  # type: ignore[attr-defined]
     try:
@@ -160,16 +165,16 @@ def test_throttles_just_enough_and_restores_exactly(node: Node, daemon: DaemonPr
     not every burner is throttled, and quotas return to their exact originals when the burners stop."""
     threshold: float = daemon.threshold  # type: ignore[attr-defined]
     daemon.start()
-    daemon.wait_for(lambda: bool(node.throttled()), 10, "a first throttle")
+    daemon.wait_for(lambda: bool(node.throttled()), 10 * SLOW, "a first throttle")
     first = time.monotonic()
     time.sleep(3 * TICK)
     measured = node_cores(2 * TICK)
     assert measured < threshold, f"node at {measured:.2f} cores, waterline {threshold:.2f}, {time.monotonic() - first:.1f}s"
     throttled = node.throttled()
     assert "important" not in throttled
-    assert 0 < len(throttled) < BURNERS, f"all burners throttled: {throttled}"
+    assert 0 < len(throttled) < BURNERS, f"all burners throttled: {throttled}; ticks:\n" + "\n".join(daemon.ticks())
     node.stop_burners()
-    daemon.wait_for(lambda: not node.throttled(), 20, "every quota restored")
+    daemon.wait_for(lambda: not node.throttled(), 20 * SLOW, "every quota restored")
     assert all(node.quota(name) == UNLIMITED for name in node.dirs)
     assert not Ledger.load(str(daemon.workdir / "run/ledger.json")).entries
     daemon.signal(signal.SIGTERM)
@@ -180,7 +185,7 @@ def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: Node, d
     """A quota reset behind the daemon's back is re-asserted next tick; after SIGKILL every throttle is in
     the ledger, and a restarted daemon starts by restoring them."""
     daemon.start()
-    daemon.wait_for(lambda: bool(node.throttled()), 10, "a first throttle")
+    daemon.wait_for(lambda: bool(node.throttled()), 10 * SLOW, "a first throttle")
     time.sleep(2 * TICK)
     victim = sorted(node.throttled())[0]
     held = node.quota(victim)
@@ -203,7 +208,7 @@ def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: Node, d
     restarted.__dict__.update(daemon.__dict__)
     restarted.log_path = daemon.workdir / "restarted.log"
     restarted.start()
-    restarted.wait_for(lambda: not node.throttled(), 10, "restore on start")
+    restarted.wait_for(lambda: not node.throttled(), 10 * SLOW, "restore on start")
     restarted.signal(signal.SIGTERM)
     assert restarted.wait() == 0
 
@@ -211,7 +216,7 @@ def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: Node, d
 def test_sigterm_restores_everything_within_a_second(node: Node, daemon: DaemonProcess) -> None:
     """SIGTERM while throttles are held puts every original back and exits within 1 s."""
     daemon.start()
-    daemon.wait_for(lambda: len(node.throttled()) >= 1, 10, "a first throttle")
+    daemon.wait_for(lambda: len(node.throttled()) >= 1, 10 * SLOW, "a first throttle")
     time.sleep(TICK)
     sent = time.monotonic()
     daemon.signal(signal.SIGTERM)

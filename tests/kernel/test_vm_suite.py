@@ -22,9 +22,10 @@ def _junit_totals(path: Path) -> dict[str, int]:
 
 
 def _kernel_test_paths(session: pytest.Session) -> list[str]:
-    # Collection under emulation costs ~0.2 s per host-millisecond of imports, so
-    # the guest collects only the files holding this session's kernel tests; the
-    # whole tree when there are none here (say, this file run on its own).
+    # Python runs ~20 times slower under emulation, and collecting means importing
+    # every test module, so the guest collects only the files holding this
+    # session's kernel tests; the whole tree when there are none here (say, this
+    # file run on its own).
     files = {str(item.path) for item in session.items if item.get_closest_marker("kernel") is not None}
     return sorted(files) or [str(REPO_ROOT / "tests")]
 

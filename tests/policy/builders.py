@@ -80,7 +80,8 @@ def snapshot(workloads: Iterable[WorkloadUsage] = (), *, monotonic: float = 100.
 
 def guard(*objectives: dict[str, Any], **settings: Any) -> GuardSettings:
     """GuardSettings from JSON-style keys, e.g. guard({"metric": ..., "threshold": 6}, minChangePercent=0)."""
-    return GuardSettings.model_validate({"objectives": list(objectives), **settings})
+    # No margin unless a test asks: the tables and properties check exact gap arithmetic.
+    return GuardSettings.model_validate({"objectives": list(objectives), "targetMarginPercent": 0, **settings})
 
 
 def cpu_throttle(threshold: float | str = 6.0, restore: float | str = 5.0, **extra: Any) -> dict[str, Any]:

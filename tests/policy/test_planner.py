@@ -507,3 +507,12 @@ def test_adopted_throttle_without_reasons_is_restored() -> None:
     [action] = p.actions
     assert isinstance(action, Restore) and action.full
     assert action.quota == CpuMax(100_000)
+
+
+def test_target_margin_lands_under_the_waterline() -> None:
+    """With targetMarginPercent the throttles release the gap plus that share of the node, no more."""
+    settings_ = guard(cpu_throttle(6.0, 5.0), minChangePercent=0, targetMarginPercent=2)
+    snap = snapshot(TEN_LOW, cores_used=7.5)
+    [p] = run([snap], settings_)
+    released = sum(a.predicted_release or 0.0 for a in p.actions)
+    assert released == pytest.approx(7.5 - 6.0 + 0.02 * snap.node.cpus, abs=1e-3)
