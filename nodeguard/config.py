@@ -87,6 +87,21 @@ class WorkloadSettings(Model):
     groups: list[WorkloadGroup] = []
 
 
+class HttpSettings(Model):
+    """The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status."""
+
+    enabled: bool = True
+    listen: str = Field("127.0.0.1:9466", description="HOST:PORT; loopback by default")
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError('expected HOST:PORT like "127.0.0.1:9466"')
+        return value
+
+
 class ActuationSettings(Model):
     """How nodeguard changes the system, and how it undoes it."""
 
@@ -215,6 +230,7 @@ class Settings(Model):
     workloads: WorkloadSettings = WorkloadSettings()
     guard: GuardSettings = GuardSettings()
     actuation: ActuationSettings = ActuationSettings()
+    http: HttpSettings = HttpSettings()
     gate: GateSettings = GateSettings()
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nodeguard import __version__
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.cpu_quota import QuotaWriter
 from nodeguard.actuators.evictors import CgroupEvictor
@@ -30,8 +31,12 @@ from nodeguard.model.snapshot import Snapshot
 from nodeguard.policy import planner
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
+from nodeguard.policy.trace import plan_to_data
 from nodeguard.sources.paths import CgroupLayout
 from nodeguard.sources.sensor import Sensor
+from nodeguard.surfaces.http import HttpServer
+from nodeguard.surfaces.metrics import Metrics
+from nodeguard.surfaces.systemd import Notifier
 
 log = get_logger("nodeguard.daemon")
 
@@ -94,9 +99,12 @@ class Daemon:
         self.last_plan: Plan | None = None
         self.last_snapshot: Snapshot | None = None
         self.stats = TickStats()
+        self.metrics = Metrics(self)
+        self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.reloads = {"ok": 0, "failed": 0}
         self._group: asyncio.TaskGroup | None = None
+        self._last_status = ""
         self._extra_tasks: set[asyncio.Task[None]] = set()
 
     # --- lifecycle ----------------------------------------------------------------
@@ -115,6 +123,7 @@ class Daemon:
             log.info("restored throttles from the ledger", **{k.value: len(v) for k, v in outcomes.items()})
 
     def stop(self) -> None:
+        self.notifier.notify("STOPPING=1", "STATUS=restoring and stopping")
         if self.settings.actuation.on_exit == "restore":
             outcomes = self.executor.restore_everything()
             log.info("restored throttles on exit", **{k.value: len(v) for k, v in outcomes.items()})
@@ -151,8 +160,57 @@ class Daemon:
         self.last_snapshot, self.last_plan = snapshot, plan
         self.stats.ticks += 1
         self.stats.last_success = time.monotonic()
-        self.stats.durations = [*self.stats.durations[-59:], self.stats.last_success - started]
+        took = self.stats.last_success - started
+        self.stats.durations = [*self.stats.durations[-59:], took]
+        self.metrics.tick_duration.observe(took)
+        self._notify_tick(plan)
         return plan
+
+    def _notify_tick(self, plan: Plan) -> None:
+        """READY once after the first good tick, WATCHDOG every tick, STATUS as it changes."""
+        lines = []
+        if self.stats.ticks == 1:
+            lines.append("READY=1")
+        if self.notifier.watchdog_seconds is not None:
+            lines.append("WATCHDOG=1")
+        status = (
+            f"STATUS={len(plan.actions)} action(s) last tick, {len(self.state.throttles)} throttled,"
+            f" {plan.workloads} workload(s)"
+        )
+        if status != self._last_status:
+            lines.append(status)
+            self._last_status = status
+        if lines:
+            self.notifier.notify(*lines)
+
+    def ready(self) -> bool:
+        return self.stats.last_success is not None
+
+    def status(self) -> dict[str, Any]:
+        """What /status and ``nodeguard status`` show."""
+        snapshot = self.last_snapshot
+        return {
+            "version": __version__,
+            "node": self.labels.get("kubernetes.io/hostname"),
+            "cgroup": self.sensor.layout.version,
+            "dryRun": self.settings.actuation.dry_run,
+            "ticks": self.stats.ticks,
+            "tickErrors": self.stats.errors,
+            "lastTickSeconds": self.stats.durations[-1] if self.stats.durations else None,
+            "node_usage": None if snapshot is None else {
+                "cpus": snapshot.node.cpus,
+                "cores_used": snapshot.node.cores_used,
+                "memory_used": snapshot.node.memory_used,
+                "memory_total": snapshot.node.memory.total,
+                "load1": snapshot.node.load.load1,
+            },
+            "plan": None if self.last_plan is None else plan_to_data(self.last_plan, candidate_limit=10),
+            "throttles": {
+                wid: {"original": e.original, "applied": e.applied, "reason": e.reason, "since": e.changed_at}
+                for wid, e in self.ledger.entries.items()
+            },
+            "gate": self.gate.status(),
+        }
 
     async def _tick_loop(self) -> None:
         next_tick = time.monotonic()
@@ -222,6 +280,16 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
+        http_server = None
+        if self.settings.http.enabled:
+            # Before anything is touched: a port in use stops the start cleanly.
+            server = HttpServer(self.metrics.registry, self.ready, self.status)
+            try:
+                http_server = await server.start(self.settings.http.listen)
+            except OSError as exc:
+                log.error("cannot serve HTTP", listen=self.settings.http.listen, error=str(exc))
+                self.close()
+                return 1
         self.start()
         log.info(
             "nodeguard running",
@@ -230,6 +298,7 @@ class Daemon:
             tick_seconds=self.settings.sensing.tick_seconds,
             objectives=len(self.settings.guard.objectives),
             dry_run=self.settings.actuation.dry_run,
+            http=self.settings.http.listen if http_server is not None else None,
         )
         try:
             async with asyncio.TaskGroup() as group:
@@ -241,6 +310,8 @@ class Daemon:
                     task.cancel()
         finally:
             self._group = None
+            if http_server is not None:
+                http_server.close()
             self.stop()
         log.info("nodeguard stopped")
         return 0

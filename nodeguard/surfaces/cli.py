@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="the decision trace as one JSON line")
     plan.add_argument("--interval", type=float, default=1.0, help="seconds between the two reads for rates")
 
+    demo = commands.add_parser("demo", help="watch nodeguard throttle burners on this machine (about 30 s)")
+    demo.add_argument("--seconds", type=float, default=30.0)
+
+    status = commands.add_parser("status", help="the running daemon's status (reads its /status endpoint)")
+    with_config(status)
+    status.add_argument("--json", action="store_true", help="the raw /status JSON")
+
     from nodeguard.gate.client import add_gate_commands
 
     add_gate_commands(commands)  # gate, admit, oci-hook: each sets its own handler
@@ -185,6 +192,17 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_INVALID if Outcome.FAILED in outcomes else EXIT_OK
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from nodeguard.surfaces.status_view import fetch_status, show
+
+    listen = load_settings(args).http.listen
+    if args.json:
+        print(json.dumps(fetch_status(listen)))
+    else:
+        show(listen)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_level)
@@ -198,6 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(handler(args))
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "demo":
+            from nodeguard.surfaces.demo import run_demo
+
+            return run_demo(args.seconds)
+        if args.command == "status":
+            return cmd_status(args)
         if args.command == "plan":
             return cmd_plan(args)
         if args.command == "restore":

@@ -1,0 +1,104 @@
+"""The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status.
+
+A small HTTP/1.1 server on asyncio streams, in the daemon's own event loop:
+scrapes and status reads run between ticks, so they never see half-updated
+state and need no locks. GET and HEAD only; one request per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from nodeguard.log import get_logger
+
+log = get_logger("nodeguard.http")
+
+MAX_REQUEST_BYTES = 8192
+READ_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {listen!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class HttpServer:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        ready: Callable[[], bool],
+        status: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.registry = registry
+        self.ready = ready
+        self.status = status
+        self.requests = 0
+        self.errors = 0
+
+    def route(self, method: str, path: str) -> Response:
+        path = path.split("?", 1)[0]
+        if method not in ("GET", "HEAD"):
+            return Response(405, b"only GET and HEAD\n")
+        if path == "/metrics":
+            return Response(200, generate_latest(self.registry), CONTENT_TYPE_LATEST)
+        if path == "/healthz":
+            return Response(200, b"ok\n")
+        if path == "/readyz":
+            return Response(200, b"ready\n") if self.ready() else Response(503, b"no successful tick yet\n")
+        if path == "/status":
+            body = json.dumps(self.status(), default=str, allow_nan=False).encode()
+            return Response(200, body, "application/json")
+        return Response(404, b"not found: try /metrics /healthz /readyz /status\n")
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.requests += 1
+        method = "GET"
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT)
+            request_line = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+            if len(request_line) != 3 or not request_line[2].startswith("HTTP/"):
+                response = Response(400, b"bad request line\n")
+            else:
+                method = request_line[0]
+                response = self.route(method, request_line[1])
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
+            self.errors += 1
+            writer.close()
+            return
+        except Exception as exc:  # a failing endpoint must not take the daemon down
+            self.errors += 1
+            log.error("http handler failed", error=str(exc), exc_info=True)
+            response = Response(500, b"internal error\n")
+        header = (
+            f"HTTP/1.1 {response.status} {REASONS.get(response.status, '')}\r\n"
+            f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode()
+        with contextlib.suppress(ConnectionError):
+            writer.write(header if method == "HEAD" else header + response.body)
+            await writer.drain()
+        writer.close()
+
+    async def start(self, listen: str) -> asyncio.Server:
+        host, port = parse_listen(listen)
+        return await asyncio.start_server(self.handle, host, port, limit=MAX_REQUEST_BYTES)

@@ -1,0 +1,96 @@
+"""``nodeguard status``: the running daemon's /status as a terminal view."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from nodeguard.errors import NodeguardError
+
+
+def fetch_status(listen: str, timeout: float = 5.0) -> dict[str, Any]:
+    host, _, port = listen.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = "127.0.0.1"
+    url = f"http://{host}:{port}/status"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            data: dict[str, Any] = json.loads(response.read())
+            return data
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise NodeguardError(f"cannot read {url}: {exc}; is nodeguard running with http enabled?") from None
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _cores(limit: str) -> str:
+    quota, _, period = limit.partition(" ")
+    return "max" if quota == "max" else f"{int(quota) / int(period or 100000):.2f}"
+
+
+def render(status: dict[str, Any]) -> Group:
+    plan = status.get("plan") or {}
+    head = Table.grid(padding=(0, 2))
+    node = status.get("node_usage") or {}
+    head.add_row(
+        f"node [bold]{status.get('node')}[/]",
+        f"cgroup {status.get('cgroup')}",
+        f"ticks {status.get('ticks')} (errors {status.get('tickErrors')})",
+        "[yellow]DRY RUN[/]" if status.get("dryRun") else "",
+    )
+    head.add_row(
+        f"cpu {_fmt(node.get('cores_used'))}/{node.get('cpus')} cores",
+        f"load1 {_fmt(node.get('load1'))}",
+        f"memory {(node.get('memory_used') or 0) / 2**30:.1f}/{(node.get('memory_total') or 0) / 2**30:.1f} GiB",
+        "",
+    )
+    waterlines = Table(title="waterlines", expand=True)
+    for column in ("metric", "action", "now", "waterline", "restore below", "gap"):
+        waterlines.add_column(column)
+    readings = (plan.get("inputs") or {}).get("readings") or {}
+    gaps = plan.get("gaps") or {}
+    for line in plan.get("waterlines", []):
+        metric = line["metric"]
+        gap = (gaps.get("throttle_down" if line["action"] == "throttle" else "evict") or {}).get(metric)
+        over = gap is not None
+        waterlines.add_row(
+            metric, line["action"], f"[{'red' if over else 'green'}]{_fmt(readings.get(metric))}[/]",
+            _fmt(line["threshold"]), _fmt(line.get("restore_below")), _fmt(gap),
+        )
+    throttles = Table(title="throttled workloads", expand=True)
+    for column in ("workload", "original", "now", "reason"):
+        throttles.add_column(column)
+    for wid, held in sorted((status.get("throttles") or {}).items()):
+        throttles.add_row(wid, _cores(held["original"]), _cores(held["applied"]), held["reason"])
+    gate = status.get("gate") or {}
+    gate_table = Table(title="gate", expand=True)
+    gate_table.add_column("state")
+    gate_table.add_column("loads")
+    for state, count in sorted((gate.get("counts") or {}).items()):
+        gate_table.add_row(str(state), str(count))
+    parts: list[Any] = [Panel(head, title=f"nodeguard {status.get('version')}"), waterlines, throttles, gate_table]
+    semaphores = (status.get("coordination") or {}).get("semaphores") or {}
+    if semaphores:
+        table = Table(title="cluster semaphores", expand=True)
+        for column in ("semaphore", "allotment", "held", "waiting"):
+            table.add_column(column)
+        for name, s in sorted(semaphores.items()):
+            table.add_row(name, _fmt(s.get("allotment")), _fmt(s.get("held")), _fmt(s.get("waiting")))
+        parts.append(table)
+    return Group(*parts)
+
+
+def show(listen: str, console: Console | None = None) -> None:
+    (console or Console()).print(render(fetch_status(listen)))
