@@ -9,7 +9,6 @@ node are ``global`` with every matching rule laid over it in list order
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -414,6 +413,3 @@ def json_schema() -> dict[str, Any]:
     schema["title"] = "nodeguard config"
     return schema
 
-
-def finite(value: float) -> bool:
-    return math.isfinite(value)

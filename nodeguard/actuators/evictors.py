@@ -55,18 +55,26 @@ class CgroupEvictor:
                 sent += 1
         return sent
 
+    def _freeze(self, workload_id: str, value: str, context: dict[str, object]) -> bool:
+        try:
+            return self.writer.write(workload_id, "cgroup.freeze", value, **context)
+        except OSError as exc:  # no cgroup.freeze before 5.2: signal without freezing
+            if value == "1":
+                log.info("cannot freeze; signalling without", workload=workload_id, error=str(exc))
+                return False
+            raise
+
     async def evict(self, workload_id: str, **context: object) -> bool:
         if self.writer.dry_run:
             log.warning("dry run: would evict", workload=workload_id, processes=len(self.pids(workload_id)), **context)
             return True
         log.warning("evicting", workload=workload_id, **context)
         try:
-            if self.freeze:
-                self.writer.write(workload_id, "cgroup.freeze", "1", **context)
+            frozen = self.freeze and self._freeze(workload_id, "1", context)
             pids = self.pids(workload_id)
             self._signal(pids, signal.SIGTERM)
-            if self.freeze:
-                self.writer.write(workload_id, "cgroup.freeze", "0", **context)
+            if frozen:  # thawed, the processes run their SIGTERM handlers and exit
+                self._freeze(workload_id, "0", context)
             deadline = time.monotonic() + self.grace_seconds
             while self.pids(workload_id) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)

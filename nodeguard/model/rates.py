@@ -1,12 +1,6 @@
-"""Rates from monotonic counter deltas; a counter that went back means a reset."""
+"""Ratios of counter deltas; a counter that went back means a reset, which gives no value."""
 
 from __future__ import annotations
-
-
-def per_second(previous: int, current: int, seconds: float) -> float | None:
-    if seconds <= 0 or current < previous:
-        return None
-    return (current - previous) / seconds
 
 
 def fraction(part_delta: int, whole_delta: int) -> float | None:
