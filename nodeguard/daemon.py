@@ -100,6 +100,7 @@ class Daemon:
         self.last_snapshot: Snapshot | None = None
         self.stats = TickStats()
         self.metrics = Metrics(self)
+        self.gate.on_admission = self.metrics.gate_wait.observe
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.reloads = {"ok": 0, "failed": 0}

@@ -1,10 +1,422 @@
-"""Gate clients on the command line (``nodeguard gate``, ``admit``, ``oci-hook``)."""
+"""Gate clients on the command line: ``nodeguard gate``, ``admit``, ``oci-hook`` and ``gatectl``.
+
+- ``gate --name N [...] -- COMMAND``: waits for admission, runs COMMAND, sees
+  its readiness through (probes by the daemon, or ``--notify``: the command
+  sends ``READY=1`` to ``$NOTIFY_SOCKET`` like a systemd ``Type=notify``
+  service), releases the load when COMMAND exits and passes its exit status
+  through. COMMAND does not run if the gate refuses the request (exit 1) or
+  the load fails before admission, e.g. a dependency failed (exit 75).
+- ``admit --name N [...]``: waits for admission and exits 0; the load stays
+  with the daemon (for ``ExecStartPre=`` or an init container); the daemon's
+  probes, ``gatectl ready N`` or the start timeout end its start.
+- ``oci-hook``: the same for a container, from the OCI state on stdin.
+- ``gatectl status|ready|release|cancel``.
+
+While the daemon is unreachable, clients retry for ``--connect-timeout``
+seconds, then give up with exit 75, or go ahead with ``--if-unavailable admit``.
+This module is imported to build the command line: heavy imports stay inside the handlers.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import argparse
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nodeguard.gate.connection import GateClient
+
+EXIT_OK, EXIT_FAILED, EXIT_UNAVAILABLE = 0, 1, 75  # 75: EX_TEMPFAIL, try again later
+WAIT_STATES = ("starting", "ready", "failed")
 
 
 def add_gate_commands(commands: Any) -> None:
     """Register the gate's client commands; each sets ``handler`` (args -> exit code)."""
-    del commands  # the gate's clients land with the gate
+    gate = commands.add_parser(
+        "gate", help="run a command once the start gate admits it", description="Run COMMAND once admitted."
+    )
+    _load_options(gate)
+    gate.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
+    gate.set_defaults(handler=cmd_gate)
+
+    admit = commands.add_parser("admit", help="wait for admission by the start gate (ExecStartPre=, init containers)")
+    _load_options(admit)
+    admit.set_defaults(handler=cmd_admit)
+
+    hook = commands.add_parser("oci-hook", help="OCI createRuntime/poststop hook: gate a container start")
+    _common_options(hook)
+    hook.set_defaults(handler=cmd_oci_hook)
+
+    ctl = commands.add_parser("gatectl", help="the start gate's loads: status, ready, release, cancel")
+    _common_options(ctl)
+    ctl.add_argument("action", choices=["status", "ready", "release", "cancel"])
+    ctl.add_argument("name", nargs="?", help="the load (required except for status)")
+    ctl.set_defaults(handler=cmd_gatectl)
+
+
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--socket", help="the gate socket (default: $NODEGUARD_GATE_SOCKET or /run/nodeguard/gate.sock)"
+    )
+    parser.add_argument(
+        "--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="retry this long to reach the daemon"
+    )
+    parser.add_argument(
+        "--if-unavailable",
+        choices=["fail", "admit"],
+        default="fail",
+        help="when the daemon cannot be reached: exit 75 (default), or go ahead ungated",
+    )
+
+
+def _load_options(parser: argparse.ArgumentParser) -> None:
+    _common_options(parser)
+    parser.add_argument("--name", required=True, help="the load's name (unique on the node)")
+    parser.add_argument("--after", action="append", default=[], metavar="A,B", help="loads that must be ready first")
+    ready = parser.add_mutually_exclusive_group()
+    ready.add_argument("--ready-exec", metavar="CMD", help="ready when this shell command exits 0 (run as you)")
+    ready.add_argument("--ready-http", metavar="URL", help="ready when GET URL answers 2xx or 3xx")
+    ready.add_argument("--ready-tcp", metavar="HOST:PORT", help="ready when a TCP connection succeeds")
+    ready.add_argument("--notify", action="store_true", help="ready when told (READY=1 on $NOTIFY_SOCKET, or gatectl)")
+    parser.add_argument("--ready-period", type=float, metavar="SECONDS", help="between probes (default 1)")
+    parser.add_argument("--ready-timeout", type=float, metavar="SECONDS", help="of one probe (default 1)")
+    parser.add_argument("--ready-threshold", type=int, metavar="N", help="successes in a row (default 1)")
+    parser.add_argument("--priority", type=int, default=0, help="higher is admitted first")
+    parser.add_argument(
+        "--start-timeout", type=float, metavar="SECONDS", help="default: the daemon's startTimeoutSeconds"
+    )
+
+
+def submit_fields(args: argparse.Namespace, detach: bool) -> dict[str, Any]:
+    from nodeguard.gate.oci import readiness_of
+
+    readiness = readiness_of(args.ready_http, args.ready_tcp, args.ready_exec, args.notify)
+    if readiness is not None and readiness["type"] != "notify":
+        timing = (("periodSeconds", args.ready_period), ("timeoutSeconds", args.ready_timeout))
+        readiness.update({key: value for key, value in timing if value is not None})
+        if args.ready_threshold is not None:
+            readiness["successThreshold"] = args.ready_threshold
+    return {
+        "name": args.name,
+        "dependsOn": [dep.strip() for item in args.after for dep in item.split(",") if dep.strip()],
+        "readiness": readiness,
+        "priority": args.priority,
+        "startTimeoutSeconds": args.start_timeout,
+        "detach": detach,
+    }
+
+
+def _say(message: str) -> None:
+    import sys
+
+    print(f"nodeguard: {message}", file=sys.stderr, flush=True)
+
+
+class LoadSession:
+    """One load seen through from submit to release, reconnecting if the daemon restarts meanwhile."""
+
+    def __init__(self, socket_path: str, fields: dict[str, Any], patience: float) -> None:
+        self.socket_path = socket_path
+        self.fields = fields
+        self.name: str = fields["name"]
+        self.patience = patience
+        self.client: GateClient | None = None
+
+    async def _connect(self) -> GateClient:
+        from nodeguard.gate.connection import GateClient
+
+        if self.client is None:
+            self.client = await GateClient.connect(self.socket_path, self.patience)
+        return self.client
+
+    async def _drop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+    async def admit(self) -> dict[str, Any]:
+        """Submit and wait until admitted (or failed): the load's status."""
+        import asyncio
+
+        from nodeguard.gate.connection import ConnectionLost, GateError
+
+        resubmit, reconnected = True, False
+        while True:
+            try:
+                client = await self._connect()
+                if resubmit:
+                    try:
+                        load: dict[str, Any] = (await client.request("submit", **self.fields))["load"]
+                    except GateError as exc:
+                        # Our old connection's load may not have been failed yet; it will be at once.
+                        if not (reconnected and exc.code == "name_in_use"):
+                            raise
+                        reconnected = False
+                        await asyncio.sleep(0.2)
+                        continue
+                else:
+                    # Back after a lost connection: the daemon may have admitted us before it went away.
+                    try:
+                        load = (await client.request("attach", name=self.name))["load"]
+                    except GateError as exc:
+                        if exc.code != "unknown_load":
+                            raise
+                        resubmit = True
+                        continue
+                    if load["state"] == "failed":  # e.g. failed as "client disconnected": try again
+                        resubmit = True
+                        continue
+                if load["state"] in WAIT_STATES:
+                    return load
+                return dict((await client.request("wait", name=self.name, until="starting"))["load"])
+            except ConnectionLost:
+                await self._drop()
+                resubmit, reconnected = False, True
+
+    async def follow(self, notified: Any) -> None:
+        """Until the load is ready: report READY=1 (``notified`` is an asyncio.Event), or wait for the probes."""
+        from nodeguard.gate.connection import ConnectionLost, GateError, GateUnavailable
+
+        if notified is not None:
+            await notified.wait()
+        reattach = False
+        while True:
+            try:
+                client = await self._connect()
+                if reattach:  # after a daemon restart: this connection owns the load again
+                    await client.request("attach", name=self.name)
+                    reattach = False
+                if notified is not None:
+                    load = (await client.request("ready", name=self.name))["load"]
+                else:
+                    load = (await client.request("wait", name=self.name, until="ready"))["load"]
+                _say(f"{self.name} is {load['state']}: {load['reason']}")
+                return
+            except ConnectionLost:
+                await self._drop()
+                reattach = True
+            except (GateError, GateUnavailable) as exc:
+                _say(f"{self.name}: {exc}")
+                return
+
+    async def release(self) -> None:
+        from nodeguard.gate.connection import ConnectionLost, GateClient, GateError, GateUnavailable
+
+        try:
+            # Best effort, and quick: the command has ended and its exit status is waiting.
+            client = self.client or await GateClient.connect(self.socket_path, min(2.0, self.patience))
+            self.client = client
+            await client.request("release", name=self.name)
+        except (ConnectionLost, GateError, GateUnavailable, OSError):
+            pass
+        await self._drop()
+
+
+def _socket(args: argparse.Namespace) -> str:
+    from nodeguard.gate.connection import default_socket
+
+    return str(args.socket or default_socket())
+
+
+def _run(coro: Any) -> int:
+    import asyncio
+
+    return int(asyncio.run(coro))
+
+
+# --- nodeguard gate ------------------------------------------------------------------
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        _say("gate: nothing to run; give the command after --")
+        return EXIT_FAILED
+    return _run(_gate(args, command))
+
+
+async def _gate(args: argparse.Namespace, command: list[str]) -> int:
+    import asyncio
+    import os
+    import signal
+
+    from nodeguard.gate.connection import GateError, GateUnavailable
+    from nodeguard.gate.oci import HookInputError
+
+    try:
+        fields = submit_fields(args, detach=False)
+    except HookInputError as exc:
+        _say(str(exc))
+        return EXIT_FAILED
+    session = LoadSession(_socket(args), fields, args.connect_timeout)
+    gated = True
+    try:
+        load = await session.admit()
+    except GateError as exc:
+        _say(f"gate refused {args.name}: {exc.message}")
+        await session._drop()
+        return EXIT_FAILED
+    except GateUnavailable as exc:
+        if args.if_unavailable == "fail":
+            _say(f"gate unavailable ({exc}); not starting {args.name}")
+            return EXIT_UNAVAILABLE
+        _say(f"gate unavailable ({exc}); starting {args.name} ungated")
+        gated, load = False, {"state": "ready"}
+    if load["state"] == "failed":
+        _say(f"{args.name} was not admitted: {load['reason']}")
+        await session._drop()
+        return EXIT_UNAVAILABLE
+
+    loop = asyncio.get_running_loop()
+    env = {**os.environ, "NODEGUARD_GATE_NAME": args.name, "NODEGUARD_GATE_SOCKET": session.socket_path}
+    notified: asyncio.Event | None = None
+    notify_sock = None
+    if gated and args.notify:
+        notified = asyncio.Event()
+        notify_sock, env["NOTIFY_SOCKET"] = _notify_socket()
+        loop.add_reader(notify_sock.fileno(), _on_notify, notify_sock, notified)
+    try:
+        child = await asyncio.create_subprocess_exec(*command, env=env)
+    except OSError as exc:
+        _say(f"cannot run {command[0]}: {exc.strerror}")
+        await session.release()
+        return 127
+    forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+    for signum in forwarded:
+        loop.add_signal_handler(signum, child.send_signal, signum)
+    follower = loop.create_task(session.follow(notified)) if gated and load["state"] != "ready" else None
+    code = await child.wait()
+    for signum in forwarded:
+        loop.remove_signal_handler(signum)
+    if follower is not None:
+        follower.cancel()
+        await asyncio.gather(follower, return_exceptions=True)
+    if notify_sock is not None:
+        loop.remove_reader(notify_sock.fileno())
+        notify_sock.close()
+    if gated:
+        await session.release()
+    return code if code >= 0 else 128 - code
+
+
+def _notify_socket() -> tuple[Any, str]:
+    """A datagram socket in the abstract namespace for sd_notify-style READY=1 (no file to clean up)."""
+    import os
+    import secrets
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    name = f"nodeguard-gate/{os.getpid()}/{secrets.token_hex(8)}"
+    sock.bind("\0" + name)
+    sock.setblocking(False)
+    return sock, "@" + name
+
+
+def _on_notify(sock: Any, notified: Any) -> None:
+    try:
+        data = sock.recv(4096)
+    except BlockingIOError:
+        return
+    if b"READY=1" in data.split(b"\n"):
+        notified.set()
+
+
+# --- nodeguard admit ------------------------------------------------------------------
+
+
+def cmd_admit(args: argparse.Namespace) -> int:
+    from nodeguard.gate.oci import HookInputError
+
+    try:
+        fields = submit_fields(args, detach=True)
+    except HookInputError as exc:
+        _say(str(exc))
+        return EXIT_FAILED
+    return _run(_admit(_socket(args), fields, args.connect_timeout, args.if_unavailable))
+
+
+async def _admit(socket_path: str, fields: dict[str, Any], patience: float, if_unavailable: str) -> int:
+    from nodeguard.gate.connection import GateError, GateUnavailable
+
+    session = LoadSession(socket_path, fields, patience)
+    try:
+        load = await session.admit()
+    except GateError as exc:
+        _say(f"gate refused {session.name}: {exc.message}")
+        return EXIT_FAILED
+    except GateUnavailable as exc:
+        if if_unavailable == "fail":
+            _say(f"gate unavailable ({exc}); {session.name} not admitted")
+            return EXIT_UNAVAILABLE
+        _say(f"gate unavailable ({exc}); {session.name} goes ahead ungated")
+        return EXIT_OK
+    finally:
+        await session._drop()
+    if load["state"] == "failed":
+        _say(f"{session.name} was not admitted: {load['reason']}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+# --- nodeguard oci-hook ---------------------------------------------------------------
+
+
+def cmd_oci_hook(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
+    from nodeguard.gate.oci import HookInputError, hook_action
+
+    try:
+        action = hook_action(json.loads(sys.stdin.buffer.read(1 << 20)))
+    except (ValueError, HookInputError) as exc:
+        _say(f"oci-hook: {exc}")
+        return EXIT_FAILED
+    if action.kind == "admit":
+        return _run(_admit(_socket(args), action.submit, args.connect_timeout, args.if_unavailable))
+    if action.kind == "release":
+        return _run(_control(_socket(args), "release", action.name, quiet_unknown=True))
+    return EXIT_OK
+
+
+# --- nodeguard gatectl ----------------------------------------------------------------
+
+
+def cmd_gatectl(args: argparse.Namespace) -> int:
+    if args.action != "status" and not args.name:
+        _say(f"gatectl {args.action}: which load? give its name")
+        return EXIT_FAILED
+    return _run(_control(_socket(args), args.action, args.name, patience=args.connect_timeout))
+
+
+async def _control(
+    socket_path: str, op: str, name: str | None, *, quiet_unknown: bool = False, patience: float = 5.0
+) -> int:
+    import json
+
+    from nodeguard.gate.connection import ConnectionLost, GateClient, GateError, GateUnavailable
+
+    try:
+        client = await GateClient.connect(socket_path, patience)
+    except GateUnavailable as exc:
+        _say(f"gate unavailable: {exc}")
+        return EXIT_UNAVAILABLE
+    try:
+        response = await client.request(op, name=name)
+    except GateError as exc:
+        if quiet_unknown and exc.code == "unknown_load":
+            return EXIT_OK
+        _say(f"{op} {name or ''}: {exc.message}".replace("  ", " "))
+        return EXIT_FAILED
+    except ConnectionLost as exc:
+        _say(str(exc))
+        return EXIT_UNAVAILABLE
+    finally:
+        await client.close()
+    if op == "status":
+        print(json.dumps(response.get("gate", response.get("load")), indent=2))
+    elif not quiet_unknown:
+        load = response["load"]
+        print(f"{load['name']}: {load['state']} ({load['reason']})")
+    return EXIT_OK

@@ -1,30 +1,468 @@
-"""The gate service inside the daemon (the socket server and the admission loop)."""
+"""The gate service inside the daemon: the socket, the table of loads, probes, timers and the state file.
+
+Everything is event-driven. A request, a probe result, a start timeout or new
+node signals changes the table, and the table admits what it can in the same
+call. Timers exist only for what time alone changes: start timeouts, and holds
+that lift at a known moment (the maxRate bucket refills, the minRate interval
+ends). Clients never poll: ``wait`` is answered when its condition holds.
+
+Restart safety: an admission is written to the state file (group commit:
+every admission since the last write goes into the next one) before any client
+hears of it, so a daemon killed at any moment comes back holding at least every
+slot it granted.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+from nodeguard.gate import store
+from nodeguard.gate.loads import GateRefused, LoadTable
+from nodeguard.gate.policy import Limits, SignalWindow
+from nodeguard.gate.protocol import (
+    Attach,
+    Cancel,
+    Ping,
+    ProtocolError,
+    Ready,
+    Release,
+    Request,
+    RequestId,
+    Status,
+    Submit,
+    Wait,
+    error,
+    ok,
+    parse_request,
+)
+from nodeguard.gate.readiness import NotifyReadiness, Probe, wait_until_ready
+from nodeguard.gate.server import (
+    Connection,
+    Listening,
+    Peer,
+    SocketUnavailable,
+    accept_loop,
+    apply_ownership,
+    authorised,
+    bind,
+)
 from nodeguard.gate.settings import GateSettings
+from nodeguard.gate.states import WAIT_TARGETS, Load, LoadSpec, LoadState
+from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.snapshot import NodeUsage
+
+log = get_logger("nodeguard.gate")
+
+_Deferred = tuple[int, Connection, dict[str, Any]]
 
 
 class GateService:
-    """Placeholder until the gate lands: serves nothing."""
-
     def __init__(self, settings: GateSettings, cpus: int, state_dir: str) -> None:
         self.settings = settings
         self.cpus = cpus
-        self.state_dir = state_dir
+        self.state_path = os.path.join(state_dir, store.STATE_FILE)
+        self.window = SignalWindow(settings.signal_window_seconds)
+        self.table = LoadTable(
+            Limits.from_settings(settings, cpus),
+            self,
+            time.monotonic(),
+            start_timeout=settings.start_timeout_seconds,
+            max_loads=settings.max_loads,
+            keep_failed=settings.keep_failed_seconds,
+        )
+        self.counters: Counter[str] = Counter()  # requests, malformed, unauthorised, forbidden, refused
+        self.serving = False
+        # Called with each admitted load's wait (seconds from submit to admission), e.g. a metrics histogram.
+        self.on_admission: Callable[[float], None] | None = None
+        self._boot = store.boot_id()
+        self._writer = store.StateWriter(self.state_path)
+        self._generation = 0  # of the persisted view (starting and ready loads); bumped on every change
+        self._durable = 0  # the generation last written
+        self._dirty = asyncio.Event()
+        self._deferred: list[_Deferred] = []  # responses that reveal an admission not yet on disk
+        self._waiters: dict[str, list[tuple[Connection, RequestId, str]]] = {}
+        self._probes: dict[str, asyncio.Task[None]] = {}
+        self._timeouts: dict[str, asyncio.TimerHandle] = {}
+        self._retry: asyncio.TimerHandle | None = None
+        self._retry_at: float | None = None
+        self._group: asyncio.TaskGroup | None = None
+        self._connections: set[Connection] = set()
+        self._stopping = False
+        self._warnings = RateLimiter(60.0)
+        self._restore()
+
+    # --- lifecycle ----------------------------------------------------------------
 
     async def run(self) -> None:
-        await asyncio.Event().wait()
+        """Serve until cancelled. A gate that cannot serve says so and leaves the rest of the daemon running."""
+        if not self.settings.enabled:
+            log.info("gate disabled (gate.enabled is false)")
+            await asyncio.Event().wait()
+        try:
+            listening = bind(self.settings)
+        except (SocketUnavailable, OSError) as exc:
+            log.error("gate not serving; starts are not admitted by this daemon", error=str(exc))
+            await asyncio.Event().wait()
+            return
+        try:
+            await self._serve(listening)
+        except Exception:
+            log.error("gate stopped by an error; starts are no longer admitted", exc_info=True)
+            await asyncio.Event().wait()
+
+    async def _serve(self, listening: Listening) -> None:
+        self.serving = True
+        log.info("gate serving", socket=listening.path, **self._limits_status())
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self._persist_loop(), name="gate-persist")
+                group.create_task(accept_loop(listening.sock, group, self, self._connections), name="gate-accept")
+                self._resume_restored(time.monotonic())
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    # From here on a closing connection is the daemon stopping, not a client leaving.
+                    self._stopping = True
+                    raise
+        finally:
+            self._stopping = True
+            self.serving = False
+            self._group = None
+            for handle in [*self._timeouts.values(), *([self._retry] if self._retry else [])]:
+                handle.cancel()
+            for conn in list(self._connections):
+                conn.close()
+            self._write_state()
+            listening.close()
+
+    def _restore(self) -> None:
+        found = store.read(self.state_path, self._boot)
+        if found.other_boot:
+            log.info("gate state is from an earlier boot; its loads are gone", path=self.state_path)
+        for problem in found.problems:
+            log.error("gate state: could not restore", path=self.state_path, problem=problem, kept_as=found.set_aside)
+        for load in found.loads:
+            self.table.restore(load)
+        starting = [load.name for load in found.loads if load.state is LoadState.STARTING]
+        if found.loads:
+            log.info("gate restored admitted loads; starting ones keep their slots", starting=starting)
+
+    def _resume_restored(self, now: float) -> None:
+        for load in list(self.table.loads.values()):
+            if load.state is LoadState.STARTING:
+                self._watch(load, now)
+        self._after()
+
+    # --- the daemon's calls -------------------------------------------------------
 
     def observe(self, node: NodeUsage) -> None:
-        del node
+        now = time.monotonic()
+        self.window.add(now, node.load.load1, node.cpu_utilization)
+        self.table.observe(self.window.signals(now), now)
+        self.table.forget_failed(now)
+        self._after()
 
     def reconfigure(self, settings: GateSettings) -> None:
-        self.settings = settings
+        old, self.settings = self.settings, settings
+        if (settings.socket, settings.enabled) != (old.socket, old.enabled):
+            log.warning("gate.socket and gate.enabled change only on restart", socket=old.socket)
+        elif self.serving and (settings.socket_mode, settings.socket_owner, settings.socket_group) != (
+            old.socket_mode,
+            old.socket_owner,
+            old.socket_group,
+        ):
+            try:
+                apply_ownership(old.socket, settings)
+            except (OSError, SocketUnavailable) as exc:
+                log.error("gate socket: cannot apply the new owner or mode", error=str(exc))
+        self.window.seconds = settings.signal_window_seconds
+        self.table.reconfigure(
+            Limits.from_settings(settings, self.cpus),
+            time.monotonic(),
+            start_timeout=settings.start_timeout_seconds,
+            max_loads=settings.max_loads,
+            keep_failed=settings.keep_failed_seconds,
+        )
+        self._after()
 
     def status(self) -> dict[str, Any]:
-        return {}
+        now = time.monotonic()
+        signals = self.window.signals(now)
+        decision = self.table.last_decision
+        return {
+            "serving": self.serving,
+            "socket": self.settings.socket,
+            "limits": self._limits_status(),
+            "signals": {"load1": signals.load1, "cpuPercent": signals.cpu_percent, "samples": signals.samples},
+            "counts": self.table.counts(),
+            "lastDecision": None if decision is None else {"admit": decision.admit, "reason": decision.reason},
+            "counters": dict(self.table.counters + self.counters),
+            "loads": list(self.table.statuses(now)),
+        }
+
+    def _limits_status(self) -> dict[str, Any]:
+        limits = self.table.limits
+        return {
+            "slots": limits.slots,
+            "cores": limits.cores,
+            "maxLoadAverage": None if limits.max_load_multiplier is None else limits.max_load_multiplier * limits.cores,
+            "maxCPU": limits.max_cpu,
+            "minRate": limits.min_rate,
+            "maxRate": limits.max_rate,
+        }
+
+    # --- requests (server.Handler) --------------------------------------------------
+
+    def line(self, conn: Connection, raw: bytes) -> None:
+        self.counters["requests"] += 1
+        if not authorised(conn.peer, self.settings):
+            self.counters["unauthorised"] += 1
+            if self._warnings.allow(f"unauthorised-{conn.peer.uid}"):
+                log.warning("gate: refused a peer", uid=conn.peer.uid, gid=conn.peer.gid, pid=conn.peer.pid)
+            conn.send(error(None, "unauthorised", f"uid {conn.peer.uid} (gid {conn.peer.gid}) may not use the gate"))
+            conn.close()
+            return
+        try:
+            request = parse_request(raw)
+        except ProtocolError as exc:
+            self.counters["malformed"] += 1
+            conn.send(error(exc.request_id, "invalid", exc.message, exc.details))
+            return
+        try:
+            self._dispatch(conn, request, time.monotonic())
+        except GateRefused as exc:
+            self.counters["refused"] += 1
+            conn.send(error(request.id, exc.code, exc.message))
+        except Exception:  # a bug in one request must not take the gate down
+            log.error("gate: request failed", op=request.op, exc_info=True)
+            conn.send(error(request.id, "internal", "internal error; see the daemon's log"))
+        self._after()
+
+    def overlong(self, conn: Connection) -> None:
+        self.counters["malformed"] += 1
+        conn.send(error(None, "invalid", "request line too long"))
+
+    def closed(self, conn: Connection) -> None:
+        if self._stopping:
+            return
+        for name in conn.waiting:
+            waiters = [w for w in self._waiters.get(name, []) if w[0] is not conn]
+            if waiters:
+                self._waiters[name] = waiters
+            else:
+                self._waiters.pop(name, None)
+        for load in self.table.disconnected(conn, time.monotonic()):
+            log.info("gate: client left before its load was ready; slot freed", load=load.name, pid=conn.peer.pid)
+        self._after()
+
+    def _dispatch(self, conn: Connection, request: Request, now: float) -> None:
+        rid = request.id
+        if isinstance(request, Submit):
+            existing = self.table.loads.get(request.name)
+            if existing is not None:
+                self._check_may_change(conn.peer, existing)
+            spec = LoadSpec(
+                name=request.name,
+                depends_on=tuple(request.depends_on),
+                readiness=request.readiness,
+                priority=request.priority,
+                start_timeout=request.start_timeout_seconds,
+                detach=request.detach,
+                uid=conn.peer.uid,
+                gid=conn.peer.gid,
+            )
+            self._reply(conn, rid, self.table.submit(spec, conn, now))
+        elif isinstance(request, Wait):
+            load = self.table.get(request.name)
+            if load.state in WAIT_TARGETS[request.until]:
+                self._reply(conn, rid, load)
+            else:
+                self._waiters.setdefault(request.name, []).append((conn, rid, request.until))
+                conn.waiting.add(request.name)
+        elif isinstance(request, Ready | Release | Cancel | Attach):
+            self._check_may_change(conn.peer, self.table.get(request.name))
+            if isinstance(request, Ready):
+                self._reply(conn, rid, self.table.ready(request.name, now))
+            elif isinstance(request, Release):
+                released = self.table.release(request.name, now)
+                conn.send(ok(rid, load={**released.to_status(now), "state": "released"}))
+            elif isinstance(request, Cancel):
+                self._reply(conn, rid, self.table.cancel(request.name, now))
+            else:
+                self._reply(conn, rid, self.table.attach(request.name, conn))
+        elif isinstance(request, Status):
+            if request.name is None:
+                conn.send(ok(rid, gate=self.status()))
+            else:
+                conn.send(ok(rid, load=self.table.get(request.name).to_status(now)))
+        elif isinstance(request, Ping):
+            conn.send(ok(rid))
+
+    def _check_may_change(self, peer: Peer, load: Load) -> None:
+        if peer.uid not in (0, os.geteuid(), load.spec.uid):
+            self.counters["forbidden"] += 1
+            raise GateRefused("forbidden", f"load {load.name!r} belongs to uid {load.spec.uid}")
+
+    def _reply(self, conn: Connection, rid: RequestId, load: Load) -> None:
+        message = ok(rid, load=load.to_status(time.monotonic()))
+        if load.state.admitted and load.admit_gen > self._durable:
+            self._deferred.append((load.admit_gen, conn, message))  # sent once the admission is on disk
+        else:
+            conn.send(message)
+
+    # --- transitions (loads.Listener) ------------------------------------------------
+
+    def changed(self, load: Load, previous: LoadState | None) -> None:
+        if load.state in store.PERSISTED or previous in store.PERSISTED:
+            self._bump()
+        now = time.monotonic()
+        if load.state is LoadState.STARTING:
+            load.admit_gen = self._generation
+            log.debug("gate: admitted", load=load.name, reason=load.reason)
+            if self.on_admission is not None and load.admitted_at is not None and not load.restored:
+                self.on_admission(load.admitted_at - load.submitted_at)
+            if self._group is not None:
+                self._watch(load, now)
+        elif previous is LoadState.STARTING:
+            self._unwatch(load.name)
+        if load.state is LoadState.FAILED:
+            log.info("gate: load failed", load=load.name, reason=load.reason)
+        waiters = self._waiters.get(load.name)
+        if waiters:
+            self._notify(load, waiters)
+
+    def removed(self, load: Load) -> None:
+        if load.state in store.PERSISTED:
+            self._bump()
+        self._unwatch(load.name)
+        if load.name in self._waiters:
+            # A replacement arrives in the same call; answer only if the name stays gone.
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().call_soon(self._answer_gone, load.name)
+
+    def _notify(self, load: Load, waiters: list[tuple[Connection, RequestId, str]]) -> None:
+        remaining = []
+        for conn, rid, until in waiters:
+            if conn.closed:
+                continue
+            if load.state in WAIT_TARGETS[until]:
+                self._reply(conn, rid, load)
+            else:
+                remaining.append((conn, rid, until))
+        if remaining:
+            self._waiters[load.name] = remaining
+        else:
+            del self._waiters[load.name]
+
+    def _answer_gone(self, name: str) -> None:
+        if name in self.table.loads:
+            return
+        for conn, rid, _ in self._waiters.pop(name, []):
+            conn.send(error(rid, "unknown_load", f"load {name!r} was released"))
+
+    # --- probes and timers ----------------------------------------------------------
+
+    def _watch(self, load: Load, now: float) -> None:
+        """A starting load: fail it at its deadline, and probe it if the daemon is to find out when it is ready."""
+        loop = asyncio.get_running_loop()
+        if load.deadline is not None:
+            self._timeouts[load.name] = loop.call_later(
+                max(0.0, load.deadline - now), self._expire, load.name, load.seq
+            )
+        readiness = load.spec.readiness
+        if readiness is not None and not isinstance(readiness, NotifyReadiness) and self._group is not None:
+            self._probes[load.name] = self._group.create_task(
+                self._probe(load.name, load.seq, readiness, load.spec.uid, load.spec.gid),
+                name=f"gate-probe-{load.name}",
+            )
+
+    def _unwatch(self, name: str) -> None:
+        handle = self._timeouts.pop(name, None)
+        if handle is not None:
+            handle.cancel()
+        task = self._probes.pop(name, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _expire(self, name: str, seq: int) -> None:
+        self._timeouts.pop(name, None)
+        self.table.expire(name, seq, time.monotonic())
+        self._after()
+
+    async def _probe(self, name: str, seq: int, probe: Probe, uid: int, gid: int) -> None:
+        def report(detail: str) -> None:
+            load = self.table.loads.get(name)
+            if load is not None and load.seq == seq:
+                load.probe = detail
+
+        try:
+            await wait_until_ready(probe, uid, gid, report)
+        except Exception:  # a probe's bug must not stop the gate; the start timeout still applies
+            log.error("gate: probe crashed", load=name, exc_info=True)
+            return
+        self._probes.pop(name, None)
+        load = self.table.loads.get(name)
+        self.table.probe_succeeded(name, seq, load.probe if load is not None else "", time.monotonic())
+        self._after()
+
+    def _after(self) -> None:
+        """After any change: (re)arm the timer of a time-based hold."""
+        retry_at = self.table.retry_at
+        if retry_at == self._retry_at:
+            return
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        self._retry_at = retry_at
+        if retry_at is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._retry = loop.call_later(max(0.0, retry_at - time.monotonic()), self._on_retry)
+
+    def _on_retry(self) -> None:
+        self._retry, self._retry_at = None, None
+        self.table.pump(time.monotonic())
+        self._after()
+
+    # --- the state file ---------------------------------------------------------------
+
+    def _bump(self) -> None:
+        self._generation += 1
+        self._dirty.set()
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            generation = self._generation
+            data = store.encode(self.table.loads.values(), self._boot)
+            try:
+                await asyncio.to_thread(self._writer.write, generation, data)
+            except OSError as exc:
+                # Admit anyway: refusing every start because /run is full would be worse.
+                if self._warnings.allow("state-write"):
+                    log.error("gate: cannot write its state file", path=self.state_path, error=str(exc))
+            self._durable = max(self._durable, generation)
+            self._flush_deferred()
+
+    def _flush_deferred(self) -> None:
+        due = [d for d in self._deferred if d[0] <= self._durable]
+        if due:
+            self._deferred = [d for d in self._deferred if d[0] > self._durable]
+            for _, conn, message in due:
+                conn.send(message)
+
+    def _write_state(self) -> None:
+        try:
+            self._writer.write(self._generation, store.encode(self.table.loads.values(), self._boot))
+        except OSError as exc:
+            log.error("gate: cannot write its state file", path=self.state_path, error=str(exc))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -46,9 +45,8 @@ def config(tmp_path: Path, port: int, **sections: Any) -> dict[str, Any]:
 
 def metric_value(text: str, name: str, **labels: str) -> float | None:
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
+        if line.startswith((name + "{", name + " ")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
     return None
 
 

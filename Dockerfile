@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# nodeguard's container image, for the Kubernetes DaemonSet in packaging/kubernetes/
+# (and for the gate's init container: `nodeguard admit`).
+#
+#   docker build -t ghcr.io/example/nodeguard:0.1.0 .
+#
+# Two stages: the builder makes wheels of nodeguard and every dependency; the
+# final image installs only those wheels, with no compiler, no build tools and
+# no pip cache. Needs BuildKit (the default builder since Docker 23) for the
+# bind mount below.
+
+FROM python:3.11-slim AS builder
+WORKDIR /src
+# Only what the wheel is built from (.dockerignore keeps everything else out of
+# the build context, including the test VM images and the virtualenv).
+COPY pyproject.toml README.md ./
+COPY nodeguard ./nodeguard
+# Every dependency ships manylinux wheels for amd64 and arm64, so no compiler is
+# installed here either; a platform without them would need build-essential in
+# this stage only.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+LABEL org.opencontainers.image.title="nodeguard" \
+      org.opencontainers.image.description="On-node daemon that keeps nodes healthy for their important workloads" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# Output reaches the container log line by line; nothing writes .pyc at run
+# time (the root file system may be read-only).
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+# The wheels are bind-mounted from the builder for this one step, so they never
+# become a layer of the final image.
+RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links=/wheels nodeguard \
+    && nodeguard --help > /dev/null
+# No USER: the daemon must run as root. It writes cpu.max in the host's cgroup
+# tree (root's files), signals processes of other users when it evicts, and
+# drops to each client's uid for exec readiness probes. The DaemonSet runs it
+# privileged for the same reasons (packaging/kubernetes/daemonset.yaml).
+# (The gate's init container runs this image as an unprivileged user instead.)
+# HTTP: /metrics, /healthz, /readyz, /status (global.http.listen; the
+# Kubernetes config sets 0.0.0.0:9466).
+EXPOSE 9466
+# SIGTERM restores every throttle before exit.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["nodeguard", "run"]
+CMD ["--config", "/etc/nodeguard/config.json"]

@@ -1,0 +1,210 @@
+"""How a load proves it is ready: the client says so (notify), or the daemon probes it (exec, HTTP GET, TCP).
+
+Probes are async: a TCP connect or an HTTP request with a timeout, or a
+subprocess run as the user who submitted the load (never as the daemon's root:
+any allowed peer could otherwise run commands as root).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, TypeAdapter, field_validator
+
+from nodeguard.config_base import Model
+
+
+class _Timing(Model):
+    period_seconds: float = Field(1.0, ge=0.05, le=3600, description="from one probe to the next")
+    timeout_seconds: float = Field(1.0, gt=0, le=3600, description="one probe fails after this")
+    success_threshold: int = Field(1, ge=1, le=100, description="consecutive successes that make the load ready")
+
+
+class NotifyReadiness(Model):
+    """The client reports ``ready`` itself."""
+
+    type: Literal["notify"]
+
+
+class ExecProbe(_Timing):
+    """Ready when the command exits 0."""
+
+    type: Literal["exec"]
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(min_length=1, max_length=256)
+
+    @field_validator("command")
+    @classmethod
+    def _no_nul(cls, value: list[str]) -> list[str]:
+        if any("\0" in arg for arg in value):
+            raise ValueError("arguments must not contain NUL")
+        return value
+
+
+class HttpProbe(_Timing):
+    """Ready when a GET of ``url`` answers 200-399."""
+
+    type: Literal["http"]
+    url: str = Field(max_length=2048)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        try:
+            parts = urlsplit(value)
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"not a valid URL: {exc}") from None
+        if parts.scheme != "http":
+            raise ValueError("expected an http:// URL")
+        if not parts.hostname:
+            raise ValueError("the URL has no host")
+        if port == 0:
+            raise ValueError("port 0 is not a port")
+        if any(c in value for c in "\r\n\0 "):
+            raise ValueError("the URL contains whitespace or control characters")
+        return value
+
+
+class TcpProbe(_Timing):
+    """Ready when a TCP connection to ``address`` (HOST:PORT) succeeds."""
+
+    type: Literal["tcp"]
+    address: str = Field(max_length=300)
+
+    @field_validator("address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        split_address(value)
+        return value
+
+
+Probe = ExecProbe | HttpProbe | TcpProbe
+Readiness = Annotated[NotifyReadiness | ExecProbe | HttpProbe | TcpProbe, Field(discriminator="type")]
+READINESS: TypeAdapter[Readiness] = TypeAdapter(Readiness)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host, port); ValueError with a clear message otherwise."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8080")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError("the port must be between 1 and 65535")
+    if any(c.isspace() or c in "/\0" for c in host):
+        raise ValueError("the host contains whitespace, '/' or NUL")
+    return host, port
+
+
+def dump_readiness(readiness: Readiness | None) -> dict[str, Any] | None:
+    return None if readiness is None else readiness.model_dump(by_alias=True, mode="json")
+
+
+def describe(readiness: Readiness | None) -> str:
+    if readiness is None:
+        return "none (ready once admitted)"
+    if isinstance(readiness, NotifyReadiness):
+        return "notify"
+    if isinstance(readiness, ExecProbe):
+        return "exec " + " ".join(readiness.command)
+    if isinstance(readiness, HttpProbe):
+        return f"http {readiness.url}"
+    return f"tcp {readiness.address}"
+
+
+# --- probing ---------------------------------------------------------------------
+
+
+async def probe_once(probe: Probe, uid: int, gid: int) -> tuple[bool, str]:
+    """One probe: (success, what happened)."""
+    try:
+        if isinstance(probe, TcpProbe):
+            return await asyncio.wait_for(_tcp(probe), probe.timeout_seconds)
+        if isinstance(probe, HttpProbe):
+            return await asyncio.wait_for(_http(probe), probe.timeout_seconds)
+        return await _exec(probe, uid, gid)
+    except TimeoutError:
+        return False, f"timed out after {probe.timeout_seconds:g}s"
+    except OSError as exc:
+        return False, exc.strerror or str(exc)
+
+
+async def _tcp(probe: TcpProbe) -> tuple[bool, str]:
+    host, port = split_address(probe.address)
+    _, writer = await asyncio.open_connection(host, port)
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True, "connected"
+
+
+async def _http(probe: HttpProbe) -> tuple[bool, str]:
+    parts = urlsplit(probe.url)
+    host = parts.hostname or ""
+    port = parts.port or 80
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host_header = parts.netloc.rpartition("@")[2]
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        request = (
+            f"GET {target} HTTP/1.0\r\nHost: {host_header}\r\nUser-Agent: nodeguard-gate\r\nConnection: close\r\n\r\n"
+        )
+        writer.write(request.encode("latin-1", "replace"))
+        status_line = await reader.readline()
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    fields = status_line.decode("latin-1").split(maxsplit=2)
+    if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
+        return False, "not an HTTP response"
+    code = int(fields[1])
+    return 200 <= code < 400, f"HTTP {code}"
+
+
+async def _exec(probe: ExecProbe, uid: int, gid: int) -> tuple[bool, str]:
+    # Only a privileged daemon can (and must) drop to the peer's ids.
+    as_peer: dict[str, Any] = {}
+    if os.geteuid() == 0 and uid != 0:
+        as_peer = {"user": uid, "group": gid, "extra_groups": []}
+    elif os.geteuid() != uid and os.geteuid() != 0:
+        return False, f"cannot run a probe as uid {uid}"
+    proc = await asyncio.create_subprocess_exec(
+        *probe.command,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+        start_new_session=True,  # a process group: a timed-out probe is killed with its children
+        cwd="/",
+        **as_peer,
+    )
+    try:
+        code = await asyncio.wait_for(proc.wait(), probe.timeout_seconds)
+    except (TimeoutError, asyncio.CancelledError):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await asyncio.shield(proc.wait())
+        raise
+    return code == 0, f"exit status {code}"
+
+
+async def wait_until_ready(probe: Probe, uid: int, gid: int, report: Callable[[str], None]) -> None:
+    """Probe every period until ``successThreshold`` probes in a row succeed; ``report`` sees each result."""
+    streak = 0
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        ok, detail = await probe_once(probe, uid, gid)
+        streak = streak + 1 if ok else 0
+        report(f"{'ok' if ok else 'failed'}: {detail}")
+        if streak >= probe.success_threshold:
+            return
+        await asyncio.sleep(max(0.0, started + probe.period_seconds - loop.time()))

@@ -1,0 +1,1 @@
+"""Checks of the deployment files: systemd unit, Dockerfile, Kubernetes manifests, Grafana dashboard."""
