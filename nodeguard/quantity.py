@@ -51,7 +51,7 @@ class Quantity:
         return self.percent == other.percent
 
     def dump(self) -> float | str:
-        return self.raw
+        return self.raw if isinstance(self.raw, str) else float(self.raw)
 
 
 def parse_quantity(raw: object, unit: Unit) -> Quantity:
