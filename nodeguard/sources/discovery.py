@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -132,4 +133,30 @@ def discover(tree: str, groups: Iterable[WorkloadGroup], kubepods: bool = True) 
     if kubepods:
         for workload in discover_pods(tree):
             found[workload.id] = workload
+    return found
+
+
+def own_cgroup_path(proc_self_cgroup: str, version: str) -> str | None:
+    """nodeguard's own cgroup, relative to the hierarchy root, from /proc/self/cgroup text.
+
+    None when it cannot be told (a cgroup namespace shows "/").
+    """
+    for line in proc_self_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, path = parts
+        is_v2 = hierarchy == "0" and controllers == ""
+        if (version == "v2" and is_v2) or (version == "v1" and "cpu" in controllers.split(",")):
+            path = path.strip().strip("/")
+            return path or None
+    return None
+
+
+def protect_self(found: dict[str, Workload], own_path: str | None, own_pod_uid: str | None) -> dict[str, Workload]:
+    """Mark the workload nodeguard itself runs in as protected: it must never throttle or evict itself."""
+    for wid, workload in found.items():
+        inside = own_path is not None and (own_path == wid or own_path.startswith(wid + "/"))
+        if (inside or (own_pod_uid is not None and workload.pod_uid == own_pod_uid)) and not workload.protected:
+            found[wid] = dataclasses.replace(workload, protected=True)
     return found

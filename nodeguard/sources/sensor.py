@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from types import MappingProxyType
@@ -12,7 +13,7 @@ from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.rates import fraction
 from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
 from nodeguard.model.workloads import Workload
-from nodeguard.sources.discovery import discover
+from nodeguard.sources.discovery import discover, own_cgroup_path, protect_self
 from nodeguard.sources.paths import CgroupLayout, detect_layout
 from nodeguard.sources.readers import CgroupReader, NodeReader, NodeSample, V1Reader, V2Reader
 
@@ -44,6 +45,11 @@ class Sensor:
         self._previous: Snapshot | None = None
         self._warnings = RateLimiter(60.0)
         self.skipped = 0  # workload reads that failed and were skipped, all ticks
+        try:
+            with open(f"{settings.sensing.proc_root}/self/cgroup", encoding="utf-8") as handle:
+                self._own_path = own_cgroup_path(handle.read(), self.layout.version)
+        except OSError:
+            self._own_path = None
 
     def reconfigure(self, settings: Settings) -> None:
         self.settings = settings
@@ -51,7 +57,11 @@ class Sensor:
 
     def rediscover(self) -> None:
         sensing = self.settings.sensing
-        found = discover(self.layout.tree, self.settings.workloads.groups, sensing.kubepods)
+        found = protect_self(
+            discover(self.layout.tree, self.settings.workloads.groups, sensing.kubepods),
+            self._own_path,
+            os.environ.get("NODEGUARD_POD_UID") or None,
+        )
         for workload_id in self._readers.keys() - found.keys():
             self._drop(workload_id)
         for workload_id, workload in found.items():

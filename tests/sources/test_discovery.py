@@ -102,3 +102,21 @@ def test_pods_win_over_groups_and_kubepods_can_be_off(tmp_path: Path) -> None:
 def test_missing_tree_finds_nothing(tmp_path: Path) -> None:
     """A root without kubepods or matches is simply empty, not an error."""
     assert discover(str(tmp_path / "absent"), []) == {}
+
+
+def test_nodeguard_never_guards_itself(tmp_path: Path) -> None:
+    """The workload holding nodeguard's own cgroup (by path or by pod UID) is marked protected."""
+    from nodeguard.sources.discovery import own_cgroup_path, protect_self
+
+    _mkdirs(tmp_path, f"kubepods/besteffort/pod{UID_BE}/{CID}", f"kubepods/burstable/pod{UID_B}")
+    v2 = own_cgroup_path(f"0::/kubepods/besteffort/pod{UID_BE}/{CID}\n", "v2")
+    assert v2 == f"kubepods/besteffort/pod{UID_BE}/{CID}"
+    v1 = own_cgroup_path("12:pids:/x\n4:cpu,cpuacct:/system.slice/nodeguard.service\n0::/y\n", "v1")
+    assert v1 == "system.slice/nodeguard.service"
+    assert own_cgroup_path("0::/\n", "v2") is None  # inside a cgroup namespace
+    by_path = protect_self(discover(str(tmp_path), []), v2, None)
+    assert by_path[f"kubepods/besteffort/pod{UID_BE}"].protected
+    assert not by_path[f"kubepods/burstable/pod{UID_B}"].protected
+    by_uid = protect_self(discover(str(tmp_path), []), None, UID_B)
+    assert by_uid[f"kubepods/burstable/pod{UID_B}"].protected
+    assert not by_uid[f"kubepods/besteffort/pod{UID_BE}"].protected
