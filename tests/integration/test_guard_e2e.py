@@ -102,6 +102,8 @@ class Node:
                     "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.4, 3),
                 }], "restoreStepPercent": 25, "targetMarginPercent": 5},
                 "actuation": {"ledgerPath": str(ledger)},
+                "http": {"enabled": False},
+                "gate": {"enabled": False},
             }
         }
 
