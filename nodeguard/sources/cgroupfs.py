@@ -124,20 +124,24 @@ def parse_psi(text: str) -> Psi:
 
 
 def parse_psi_totals(text: str) -> PsiTotals:
-    """Only the cumulative ``total=`` of each line: the cheap per-tick reading of a PSI file."""
+    """Only the cumulative ``total=`` of each line: the cheap per-tick reading of a PSI file.
+
+    Splitting on the key, then looking back to the start of its line for the
+    kind, costs about half of a line-by-line parse; it reads by key all the same.
+    """
     some = full = None
-    for line in text.splitlines():
-        at = line.find(" total=")
-        if at < 0:
-            continue
-        value = line[at + 7 :].split(None, 1)
+    chunks = text.split(" total=")
+    for i in range(1, len(chunks)):
+        before = chunks[i - 1]
+        line_start = before.rfind("\n") + 1
+        value = chunks[i].split(None, 1)
         try:
             total = int(value[0])
         except (IndexError, ValueError):
-            raise ParseError(f"pressure: bad total in {line[:120]!r}") from None
-        if line.startswith("some "):
+            raise ParseError(f"pressure: bad total in {text[:120]!r}") from None
+        if before.startswith("some ", line_start):
             some = total
-        elif line.startswith("full "):
+        elif before.startswith("full ", line_start):
             full = total
     if some is None and full is None:
         raise ParseError(f"pressure: no 'some' or 'full' total in {text[:120]!r}")
