@@ -28,6 +28,7 @@ from pydantic import (
 from nodeguard.config_base import Model
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.settings import GateSettings
+from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Unit
 from nodeguard.policy.ranking import COMPARATORS
@@ -231,6 +232,7 @@ class Settings(Model):
     actuation: ActuationSettings = ActuationSettings()
     http: HttpSettings = HttpSettings()
     gate: GateSettings = GateSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()
 
 
 class LabelExpression(Model):

@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,14 +20,18 @@ from typing import Any
 from nodeguard import __version__
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.cpu_quota import QuotaWriter
-from nodeguard.actuators.evictors import CgroupEvictor
+from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger, exclusive
 from nodeguard.config import Document, Settings, load_document
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.service import GateService
+from nodeguard.kubernetes.client import KubeError
+from nodeguard.kubernetes.integration import Kubernetes
+from nodeguard.kubernetes.nodes import merge_labels
 from nodeguard.log import get_logger
 from nodeguard.model.snapshot import Snapshot
+from nodeguard.node import node_name
 from nodeguard.policy import planner
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
@@ -77,18 +81,29 @@ class Daemon:
         config_path: Path | None = None,
         labels: Mapping[str, str] | None = None,
         dry_run: bool = False,
+        node: str | None = None,
+        local_labels: Mapping[str, str] | None = None,
+        explicit_labels: Collection[str] = (),
     ) -> None:
         self.config_path = config_path
         self.labels = dict(labels or {})
+        # The labels known without the API (hostname, --node-label): a reload lays the API's over them again.
+        self.local_labels = dict(local_labels if local_labels is not None else self.labels)
+        self.explicit_labels = frozenset(explicit_labels)
         self.dry_run = dry_run
         self.settings = effective(settings, dry_run)
         self.sensor = Sensor(self.settings)
         actuation = self.settings.actuation
         self.writer = CgroupWriter(writer_root(self.sensor.layout), dry_run=actuation.dry_run)
         self.quota = QuotaWriter(self.writer, self.sensor.layout.version)
-        self.evictor = CgroupEvictor(
+        self.evictor: Evictor = CgroupEvictor(
             self.writer, self.sensor.layout.version, actuation.eviction_grace_seconds, actuation.freeze_before_eviction
         )
+        self.kube: Kubernetes | None = None
+        if self.settings.kubernetes.enabled:
+            self.kube = Kubernetes(self.settings.kubernetes, node or node_name(), dry_run=actuation.dry_run)
+            # Even with evictVia cgroup: it refuses system-critical pods and pods without metadata.
+            self.evictor = self.kube.evictor(self.evictor)
         # One nodeguard acts on a node at a time: hold the ledger's lock for life.
         self._lock = contextlib.ExitStack()
         self._lock.enter_context(exclusive(actuation.ledger_path))
@@ -142,10 +157,14 @@ class Daemon:
     def tick(self) -> Plan:
         started = time.monotonic()
         snapshot = self.sensor.sense()
+        if self.kube is not None:
+            snapshot = self.kube.enrich(snapshot)  # no I/O: the cache the refresh task keeps
         self.gate.observe(snapshot.node)
         plan = planner.plan(snapshot, self.state, self.settings.guard)
         writes = self.writer.counters.writes
         self.state = self.executor.carry_out(plan, self.state, snapshot)
+        if self.kube is not None and self._group is not None:
+            self.kube.emit(plan.actions, self._spawn, held=self.state.throttles)
         if self.writer.counters.writes != writes:
             # Start the next rate window after the writes: a window that began
             # before them would show part of the old usage and over-throttle.
@@ -211,6 +230,7 @@ class Daemon:
                 for wid, e in self.ledger.entries.items()
             },
             "gate": self.gate.status(),
+            "kubernetes": None if self.kube is None else self.kube.status(),
         }
 
     async def _tick_loop(self) -> None:
@@ -270,9 +290,30 @@ class Daemon:
         self.settings = new
         self.sensor.reconfigure(new)
         self.gate.reconfigure(new.gate)
+        if self.kube is not None:
+            self.kube.reconfigure(new.kubernetes)
         self.reloads["ok"] += 1
         log.info("config reloaded", source=str(self.config_path))
         return True
+
+    def _on_sighup(self) -> None:
+        kube = self.kube
+        if kube is not None and self.settings.kubernetes.node_labels_from_api and self._group is not None:
+            self._spawn(self._reload_with_node_labels(kube), "reload")
+        else:
+            self.reload()
+
+    async def _reload_with_node_labels(self, kube: Kubernetes) -> None:
+        try:
+            api = await kube.node_labels()
+        except (KubeError, ValueError) as exc:
+            log.warning("reload: cannot read this node's labels; using the last known ones", error=str(exc))
+        else:
+            self.labels = merge_labels(self.local_labels, api, self.explicit_labels)
+        try:
+            self.reload()
+        except Exception as exc:  # now inside the TaskGroup: a bug must not stop the guard
+            log.error("reload failed", error=str(exc), exc_info=True)
 
     # --- run ----------------------------------------------------------------------
 
@@ -280,7 +321,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         http_server = None
         if self.settings.http.enabled:
             # Before anything is touched: a port in use stops the start cleanly.
@@ -306,11 +347,15 @@ class Daemon:
                 self._group = group
                 group.create_task(self._tick_loop(), name="guard")
                 services = [group.create_task(self.gate.run(), name="gate")]
+                if self.kube is not None:
+                    services.append(group.create_task(self.kube.run(), name="kubernetes"))
                 await self.stopping.wait()
                 for task in [*services, *self._extra_tasks]:
                     task.cancel()
         finally:
             self._group = None
+            if self.kube is not None:
+                await self.kube.aclose()
             if http_server is not None:
                 http_server.close()
             self.stop()

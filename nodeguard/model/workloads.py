@@ -41,3 +41,5 @@ class Workload:
     containers: tuple[Container, ...] = ()
     started_at: float | None = None  # wall-clock seconds; None when unknown
     cpu_request_cores: float | None = None
+    # False for a pod cgroup the Kubernetes metadata does not know (yet): never acted on.
+    metadata_known: bool = True

@@ -157,6 +157,7 @@ class _Tick:
                 u
                 for wid, u in self.workloads.items()
                 if not u.workload.protected
+                and u.workload.metadata_known
                 and u.workload.qos_class in classes
                 and (below is None or u.workload.priority < below)
                 and wid not in pending

@@ -130,11 +130,32 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     from nodeguard.actuators.ledger import LedgerBusy
     from nodeguard.daemon import Daemon
+    from nodeguard.kubernetes.nodes import fetch_node_labels_sync, merge_labels
 
-    settings = load_settings(args)
-    labels = node_labels(args.node_name, args.node_label)
+    document = load_document(args.config) if args.config else Document()
+    name = args.node_name or node_name()
+    local = node_labels(name, args.node_label)
+    explicit = {pair.partition("=")[0] for pair in args.node_label}
+    labels = local
+    kube = document.global_.kubernetes
+    if kube.enabled and kube.node_labels_from_api:
+        # Before the daemon's event loop exists: these labels choose the perNode rules.
+        api = fetch_node_labels_sync(kube, name)
+        if api is None:
+            print("nodeguard: cannot read this node's labels from the API server; perNode rules"
+                  " see only the hostname and --node-label", file=sys.stderr)
+        labels = merge_labels(local, api, explicit)
+    settings = document.settings_for(labels, str(args.config or "defaults"))
     try:
-        daemon = Daemon(settings, config_path=args.config, labels=labels, dry_run=args.dry_run)
+        daemon = Daemon(
+            settings,
+            config_path=args.config,
+            labels=labels,
+            dry_run=args.dry_run,
+            node=name,
+            local_labels=local,
+            explicit_labels=explicit,
+        )
     except LedgerBusy as exc:
         print(f"nodeguard: {exc}: is nodeguard already running?", file=sys.stderr)
         return EXIT_INVALID

@@ -1,0 +1,1 @@
+"""Kubernetes integration: pod metadata, evictions through the API server, events, node labels."""

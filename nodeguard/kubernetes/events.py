@@ -1,0 +1,150 @@
+"""Kubernetes Events on the pods nodeguard acts on, so ``kubectl describe pod`` says what happened.
+
+core/v1 Events in the legacy shape (``firstTimestamp``/``lastTimestamp``/
+``count``, no ``eventTime``) that every API server accepts, named like
+client-go's recorder names them (``<pod>.<hex nanoseconds>``). Best effort:
+a failure is logged (rate-limited) and counted, and never delays the guard;
+while too many are in flight, new ones are dropped and counted rather than
+queued behind a slow server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from nodeguard.kubernetes.client import KubeClient, KubeError, raise_for
+from nodeguard.kubernetes.metadata import PodCache, PodMeta
+from nodeguard.log import RateLimiter, get_logger
+from nodeguard.policy.actions import Action, Restore, Throttle
+
+log = get_logger("nodeguard.kubernetes.events")
+
+COMPONENT = "nodeguard"
+MAX_MESSAGE = 1024  # the API server's limit on an Event's note
+MAX_NAME = 253
+EventType = Literal["Normal", "Warning"]
+# action kind -> (reason, type, action)
+KINDS: dict[str, tuple[str, EventType, str]] = {
+    "throttle": ("NodeguardThrottled", "Warning", "Throttle"),
+    "restore": ("NodeguardRestored", "Normal", "Restore"),
+    "evict": ("NodeguardEvicted", "Warning", "Evict"),
+}
+
+
+def _cores(value: float | None) -> str:
+    return "unlimited" if value is None else f"{value:.3g} cores"
+
+
+def describe(action: Action) -> str:
+    """The Event message: the metric, the gap it closes, and what changed."""
+    gap = "n/a" if action.gap_before is None else f"{action.gap_before:.4g}"
+    head = f"{action.metric}: gap {gap}; {action.reason}"
+    if isinstance(action, Throttle | Restore):
+        return f"{head}; CPU limit {_cores(action.previous.cores)} -> {_cores(action.quota.cores)}"
+    return head + (f"; frees about {action.cores:.3g} cores, {action.memory_bytes >> 20} MiB" if action.cores else "")
+
+
+def event_body(
+    pod: PodMeta,
+    *,
+    reason: str,
+    type_: EventType,
+    action: str,
+    message: str,
+    node: str,
+    now: float,
+) -> dict[str, Any]:
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    suffix = f".{int(now * 1e9):x}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": pod.name[: MAX_NAME - len(suffix)] + suffix, "namespace": pod.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": pod.namespace,
+            "name": pod.name,
+            "uid": pod.uid,
+        },
+        "reason": reason,
+        "message": message[:MAX_MESSAGE],
+        "type": type_,
+        "source": {"component": COMPONENT, "host": node},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": f"{COMPONENT}-{node}"[:128],
+        "action": action,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+class EventRecorder:
+    def __init__(
+        self,
+        client: KubeClient,
+        cache: PodCache,
+        node: str,
+        *,
+        max_in_flight: int = 32,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.client = client
+        self.cache = cache
+        self.node = node
+        self.max_in_flight = max_in_flight
+        self.wall_clock = wall_clock
+        self.in_flight = 0
+        self.sent = 0
+        self.failed = 0
+        self.dropped = 0
+        self._warnings = RateLimiter(60.0)
+
+    async def emit(self, action: Action) -> bool:
+        """Record an Event for a throttle, restore or eviction of a known pod; True when the server took it."""
+        if action.dry_run:
+            return False
+        pod = self.cache.get(action.workload.pod_uid)
+        if pod is None:
+            return False  # not a pod, or one without metadata: there is no object to attach it to
+        reason, type_, verb = KINDS[action.kind]
+        return await self.record(pod, reason, type_, verb, describe(action))
+
+    async def eviction(self, pod: PodMeta, how: str, context: dict[str, object]) -> bool:
+        """The Event of an eviction that went through (recorded by the evictor, which knows the outcome)."""
+        gap = context.get("gap")
+        gap_text = f"{gap:.4g}" if isinstance(gap, int | float) else "n/a"
+        message = f"{context.get('metric', 'unknown metric')}: gap {gap_text}; {context.get('reason', '')}; {how}"
+        reason, type_, verb = KINDS["evict"]
+        return await self.record(pod, reason, type_, verb, message)
+
+    async def record(self, pod: PodMeta, reason: str, type_: EventType, action: str, message: str) -> bool:
+        if self.in_flight >= self.max_in_flight:
+            self.dropped += 1
+            return False
+        body = event_body(
+            pod, reason=reason, type_=type_, action=action, message=message, node=self.node, now=self.wall_clock()
+        )
+        self.in_flight += 1
+        try:
+            reply = await self.client.request("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=body)
+            raise_for(reply, "create event")
+        except Exception as exc:  # best effort, whatever went wrong: never the caller's failure
+            self.failed += 1
+            if self._warnings.allow("event"):
+                log.warning(
+                    "cannot record a Kubernetes event",
+                    pod=pod.key,
+                    reason=reason,
+                    error=f"{type(exc).__name__}: {exc}",
+                    exc_info=not isinstance(exc, KubeError),
+                )
+            return False
+        finally:
+            self.in_flight -= 1
+        self.sent += 1
+        return True
