@@ -126,9 +126,22 @@ def parse_psi(text: str) -> Psi:
 def parse_psi_totals(text: str) -> PsiTotals:
     """Only the cumulative ``total=`` of each line: the cheap per-tick reading of a PSI file.
 
-    Splitting on the key, then looking back to the start of its line for the
-    kind, costs about half of a line-by-line parse; it reads by key all the same.
+    The kernel's own layout (a ``some`` line, a ``full`` line, ``total=`` last)
+    takes a fast path; anything else is read by key.
     """
+    some_line, _, rest = text.partition("\n")
+    full_line = rest.partition("\n")[0]
+    if some_line.startswith("some ") and full_line.startswith("full "):
+        at_some, at_full = some_line.rfind(" total="), full_line.rfind(" total=")
+        if at_some > 0 and at_full > 0:
+            try:
+                return PsiTotals(int(some_line[at_some + 7 :]), int(full_line[at_full + 7 :]))
+            except ValueError:
+                pass  # something after total=: the general reading below
+    return _psi_totals_by_key(text)
+
+
+def _psi_totals_by_key(text: str) -> PsiTotals:
     some = full = None
     chunks = text.split(" total=")
     for i in range(1, len(chunks)):

@@ -103,6 +103,8 @@ class Sensor:
         gone: list[str] = []
         # Hot loop: rates are computed inline (see model.rates for the rules).
         usec = interval * 1e6 if interval else 0.0
+        before_get = before.get
+        make = WorkloadUsage
         for workload_id, (workload, reader) in self._readers.items():
             try:
                 cpu, cpu_max, psi, memory = reader.sample()
@@ -114,20 +116,21 @@ class Sensor:
                 self._warn(workload_id, "workload skipped this tick", exc)
                 continue
             cores = throttled = stall = None
-            old = before.get(workload_id)
+            old = before_get(workload_id)
             if old is not None and usec > 0:
                 old_cpu = old.cpu
-                if cpu.usage_usec >= old_cpu.usage_usec:  # a reset counter gives no rate
-                    cores = (cpu.usage_usec - old_cpu.usage_usec) / usec
+                used = cpu.usage_usec - old_cpu.usage_usec
+                if used >= 0:  # a reset counter gives no rate
+                    cores = used / usec
                 periods = cpu.nr_periods - old_cpu.nr_periods
                 if periods > 0:
-                    throttled = min(1.0, max(0, cpu.nr_throttled - old_cpu.nr_throttled) / periods)
-                old_psi = old.cpu_pressure
-                if psi is not None and old_psi is not None:
-                    some, old_some = psi.some_usec, old_psi.some_usec
+                    throttled = (cpu.nr_throttled - old_cpu.nr_throttled) / periods
+                    throttled = 0.0 if throttled < 0 else 1.0 if throttled > 1 else throttled
+                if psi is not None and old.cpu_pressure is not None:
+                    some, old_some = psi.some_usec, old.cpu_pressure.some_usec
                     if some is not None and old_some is not None and some >= old_some:
                         stall = 100.0 * (some - old_some) / usec
-            usages[workload_id] = WorkloadUsage(workload, cpu, cpu_max, psi, memory, cores, throttled, stall)
+            usages[workload_id] = make(workload, cpu, cpu_max, psi, memory, cores, throttled, stall)
         for workload_id in gone:
             self._drop(workload_id)
         snapshot = Snapshot(

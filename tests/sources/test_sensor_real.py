@@ -111,3 +111,26 @@ def test_cgroup_removed_between_ticks_is_a_workload_that_left(v1_group: tuple[st
     assert name not in second.workloads and name + "2" in second.workloads
     assert name not in sensor.workloads
     assert sensor.skipped == 0
+
+
+def test_reader_reuses_unchanged_files_and_sees_changes(tmp_path: Path) -> None:
+    """Unchanged file bytes reuse the last parsed value; any change is parsed afresh."""
+    from nodeguard.sources.readers import V2Reader
+
+    (tmp_path / "cpu.stat").write_text("usage_usec 10\nnr_periods 1\nnr_throttled 0\nthrottled_usec 0\n")
+    (tmp_path / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n"
+                                           "full avg10=0.00 avg60=0.00 avg300=0.00 total=1\n")
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    reader = V2Reader(str(tmp_path))
+    try:
+        first = reader.sample()
+        again = reader.sample()
+        assert again[0] is first[0] and again[2] is first[2]
+        (tmp_path / "cpu.stat").write_text("usage_usec 99\nnr_periods 2\nnr_throttled 1\nthrottled_usec 7\n")
+        (tmp_path / "cpu.max").write_text("5000 100000\n")
+        changed = reader.sample()
+        assert changed[0].usage_usec == 99 and changed[0].throttled_usec == 7
+        assert changed[1] is not None and changed[1].quota_us == 5000
+        assert changed[2] is first[2]
+    finally:
+        reader.close()
