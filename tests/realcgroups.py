@@ -10,6 +10,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -111,3 +112,29 @@ def start_busy(*groups: Path) -> subprocess.Popen[bytes]:
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.kill()
     proc.wait()
+
+
+@dataclass(frozen=True)
+class V1Group:
+    """One workload's groups in the v1 cpu and cpuacct hierarchies (one directory when they are joined)."""
+
+    name: str
+    cpu: Path
+    cpuacct: Path
+    dirs: list[Path]
+
+
+@contextlib.contextmanager
+def v1_cpu_group() -> Iterator[V1Group]:
+    """A fresh group in this host's v1 cpu (and cpuacct) hierarchy; skips the test where there is none."""
+    import pytest
+
+    reason = why_no_v1_cpu()
+    if reason:
+        pytest.skip(reason)
+    cpu, cpuacct = v1_hierarchy("cpu"), v1_hierarchy("cpuacct")
+    assert cpu is not None and cpuacct is not None
+    name = unique_name()
+    dirs = [cpu / name] if cpu == cpuacct else [cpu / name, cpuacct / name]
+    with cgroups(*dirs):
+        yield V1Group(name, cpu / name, cpuacct / name, dirs)

@@ -12,12 +12,11 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from nodeguard.atomic_file import set_aside, write_atomic
 from nodeguard.errors import NodeguardError
 from nodeguard.log import get_logger
 from nodeguard.model.samples import CpuMax
@@ -74,8 +73,7 @@ class Ledger:
         try:
             ledger.entries = _decode(json.loads(text))
         except (ValueError, TypeError, KeyError) as exc:
-            aside = f"{path}.corrupt-{int(time.time())}"
-            os.replace(path, aside)
+            aside = set_aside(path)
             ledger.set_aside = aside
             log.error("ledger unreadable; kept aside, starting without it", path=path, kept_as=aside, error=str(exc))
         return ledger
@@ -91,25 +89,9 @@ class Ledger:
         self.entries.pop(workload_id, None)
 
     def save(self) -> None:
-        directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, mode=0o750, exist_ok=True)
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
         payload = {"version": LEDGER_VERSION, "entries": [asdict(e) for e in self.entries.values()]}
-        fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(payload, handle, indent=1, sort_keys=True)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(self.path, json.dumps(payload, indent=1, sort_keys=True).encode())
 
 
 def _decode(data: Any) -> dict[str, LedgerEntry]:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from nodeguard.atomic_file import set_aside, write_atomic
 from nodeguard.gate.readiness import READINESS, dump_readiness
 from nodeguard.gate.states import Load, LoadSpec, LoadState
 
@@ -118,9 +117,8 @@ def read(path: str, boot: str | None) -> ReadBack:
         if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("loads"), list):
             raise ValueError(f"not a version {VERSION} gate state")
     except ValueError as exc:
-        result.set_aside = f"{path}.corrupt-{int(time.time())}"
         with contextlib.suppress(OSError):
-            os.replace(path, result.set_aside)
+            result.set_aside = set_aside(path)
         result.problems.append(str(exc))
         return result
     if data.get("bootId") != boot:
@@ -134,25 +132,6 @@ def read(path: str, boot: str | None) -> ReadBack:
         except (KeyError, TypeError, ValueError, ValidationError) as exc:
             result.problems.append(f"loads[{index}]: {exc}")
     return result
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class StateWriter:

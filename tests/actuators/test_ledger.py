@@ -26,7 +26,7 @@ def test_round_trip_and_first_original_wins(tmp_path: Path) -> None:
     assert again.entries["a"].original == "max 100000"
     assert again.entries["a"].applied == "20000 100000"
     assert set(again.entries) == {"a", "b"}
-    assert not list((tmp_path / "run").glob(".ledger-*")), "temporary files are renamed, not left behind"
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["ledger.json"], "temporary files are renamed, not left behind"
 
 
 @pytest.mark.parametrize(

@@ -52,15 +52,8 @@ class QuotaEnv:
 
 
 def _v1_env() -> Iterator[QuotaEnv]:
-    reason = rc.why_no_v1_cpu()
-    if reason:
-        pytest.skip(reason)
-    cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
-    assert cpu is not None and cpuacct is not None
-    name = rc.unique_name()
-    dirs = [cpu / name] if cpu == cpuacct else [cpu / name, cpuacct / name]
-    with rc.cgroups(*dirs):
-        yield QuotaEnv("v1", cpu, name, dirs)
+    with rc.v1_cpu_group() as group:
+        yield QuotaEnv("v1", group.cpu.parent, group.name, group.dirs)
 
 
 def _v2_env() -> Iterator[QuotaEnv]:

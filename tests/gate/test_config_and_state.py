@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeguard.atomic_file import write_atomic
 from nodeguard.config import parse_document
 from nodeguard.errors import ConfigError
 from nodeguard.gate import store
@@ -53,7 +54,7 @@ def test_state_file_round_trips_admitted_loads_of_this_boot_only(tmp_path: Path)
     """Starting and ready loads are written and read back; pending ones are not; another boot's file restores nothing."""
     path = str(tmp_path / store.STATE_FILE)
     loads = [_load("a", LoadState.STARTING), _load("b", LoadState.READY), _load("c", LoadState.PENDING)]
-    store.write_atomic(path, store.encode(loads, "boot-1"))
+    write_atomic(path, store.encode(loads, "boot-1"))
     back = store.read(path, "boot-1")
     assert [(load.name, load.state, load.spec, load.deadline) for load in back.loads] == [
         (load.name, load.state, load.spec, load.deadline) for load in loads[:2]

@@ -52,15 +52,8 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
 
 @pytest.fixture
 def v1_group() -> Iterator[tuple[str, list[Path]]]:
-    reason = rc.why_no_v1_cpu()
-    if reason:
-        pytest.skip(reason)
-    cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
-    assert cpu is not None and cpuacct is not None
-    name = rc.unique_name()
-    dirs = [cpu / name] if cpu == cpuacct else [cpu / name, cpuacct / name]
-    with rc.cgroups(*dirs):
-        yield name, dirs
+    with rc.v1_cpu_group() as group:
+        yield group.name, group.dirs
 
 
 def test_endpoints_and_metrics_follow_a_real_workload(tmp_path: Path, v1_group: tuple[str, list[Path]]) -> None:

@@ -33,15 +33,8 @@ def sense_over(sensor: Sensor, seconds: float) -> Snapshot:
 
 @pytest.fixture
 def v1_group() -> Iterator[tuple[str, Path, Path]]:
-    reason = rc.why_no_v1_cpu()
-    if reason:
-        pytest.skip(reason)
-    cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
-    assert cpu is not None and cpuacct is not None
-    name = rc.unique_name()
-    paths = [cpu / name] if cpu == cpuacct else [cpu / name, cpuacct / name]
-    with rc.cgroups(*paths):
-        yield name, cpu / name, cpuacct / name
+    with rc.v1_cpu_group() as group:
+        yield group.name, group.cpu, group.cpuacct
 
 
 def test_v1_reads_quota_usage_and_throttling(v1_group: tuple[str, Path, Path]) -> None:
