@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from nodeguard.config_base import Model
+from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.settings import GateSettings
 from nodeguard.kubernetes.settings import KubernetesSettings
@@ -232,6 +233,7 @@ class Settings(Model):
     actuation: ActuationSettings = ActuationSettings()
     http: HttpSettings = HttpSettings()
     gate: GateSettings = GateSettings()
+    coordination: CoordinationSettings = CoordinationSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
 
 

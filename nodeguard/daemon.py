@@ -24,6 +24,7 @@ from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger, exclusive
 from nodeguard.config import Document, Settings, load_document
+from nodeguard.coordination.service import CoordinationService
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.service import GateService
 from nodeguard.kubernetes.client import KubeError
@@ -109,7 +110,11 @@ class Daemon:
         self._lock.enter_context(exclusive(actuation.ledger_path))
         self.ledger = Ledger.load(actuation.ledger_path)
         self.executor = Executor(self.quota, self.evictor, self.ledger, self._spawn)
-        self.gate = GateService(self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path))
+        self.coordination = CoordinationService(self.settings.coordination, node or node_name())
+        self.gate = GateService(
+            self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
+        )
+        self.coordination.on_revoke = self.gate.slot_revoked
         self.state = GuardState()
         self.last_plan: Plan | None = None
         self.last_snapshot: Snapshot | None = None
@@ -230,6 +235,7 @@ class Daemon:
                 for wid, e in self.ledger.entries.items()
             },
             "gate": self.gate.status(),
+            "coordination": self.coordination.status(),
             "kubernetes": None if self.kube is None else self.kube.status(),
         }
 
@@ -290,6 +296,7 @@ class Daemon:
         self.settings = new
         self.sensor.reconfigure(new)
         self.gate.reconfigure(new.gate)
+        self.coordination.reconfigure(new.coordination)
         if self.kube is not None:
             self.kube.reconfigure(new.kubernetes)
         self.reloads["ok"] += 1
@@ -346,7 +353,10 @@ class Daemon:
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 group.create_task(self._tick_loop(), name="guard")
-                services = [group.create_task(self.gate.run(), name="gate")]
+                services = [
+                    group.create_task(self.gate.run(), name="gate"),
+                    group.create_task(self.coordination.run(), name="coordination"),
+                ]
                 if self.kube is not None:
                     services.append(group.create_task(self.kube.run(), name="kubernetes"))
                 await self.stopping.wait()

@@ -4,6 +4,11 @@ The service drives it (requests, probe results, timers, node signals) and hears
 about every transition through a ``Listener``. Admission happens inside the
 call that made room (a slot freed, a dependency ready, new signals), so a freed
 slot admits the next pending load at once.
+
+A load that names a cluster semaphore first waits for a cluster slot (asked of
+the listener) and only then queues for the node's own admission, so loads
+waiting on the cluster never take the node's starting slots from loads that
+do not need it. The cluster slot is held until the load is ready or fails.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any, Protocol
 from nodeguard.errors import NodeguardError
 from nodeguard.gate.graph import find_cycle, render_cycle
 from nodeguard.gate.policy import Decision, Limits, Rates, Signals, admitted, decide
-from nodeguard.gate.states import Load, LoadSpec, LoadState
+from nodeguard.gate.states import ClusterSlot, Load, LoadSpec, LoadState
 
 
 class GateRefused(NodeguardError):
@@ -34,6 +39,12 @@ class Listener(Protocol):
 
     def removed(self, load: Load) -> None:
         """``load`` left the table (released, replaced or forgotten)."""
+
+    def wants_slot(self, load: Load) -> None:
+        """``load`` needs a slot of its cluster semaphore: answer with ``slot_granted``."""
+
+    def slot_done(self, load: Load) -> None:
+        """``load`` no longer needs the cluster slot it waits for or holds."""
 
 
 class LoadTable:
@@ -92,9 +103,9 @@ class LoadTable:
         for dep in spec.depends_on:
             self._dependents.setdefault(dep, set()).add(spec.name)
         self.counters["submitted"] += 1
-        if load.state is LoadState.PENDING:
-            heapq.heappush(self._pending, (-spec.priority, load.seq, spec.name))
         self.listener.changed(load, None)
+        if load.state is LoadState.PENDING:
+            self._enqueue(load)
         self.pump(now)
         return load
 
@@ -176,6 +187,31 @@ class LoadTable:
         self.pump(now)
         return True
 
+    def slot_granted(self, name: str, seq: int, now: float) -> bool:
+        """The cluster slot ``load`` waited for is its; False: it no longer wants it (give it back)."""
+        load = self.loads.get(name)
+        if load is None or load.seq != seq or load.cluster is not ClusterSlot.WAITING:
+            return False
+        load.cluster = ClusterSlot.HELD
+        if load.state is LoadState.PENDING:
+            load.reason = "queued"
+            heapq.heappush(self._pending, (-load.spec.priority, load.seq, load.name))
+            self.pump(now)
+        return True
+
+    def slot_revoked(self, name: str, seq: int, now: float) -> None:
+        """The node lost its cluster slots (fenced): a queued load asks again, a starting one fails."""
+        load = self.loads.get(name)
+        if load is None or load.seq != seq or load.cluster is not ClusterSlot.HELD:
+            return
+        load.cluster = ClusterSlot.NONE  # already gone: nothing to give back
+        self.counters["cluster_revoked"] += 1
+        if load.state is LoadState.PENDING:
+            self._enqueue(load)
+        elif load.state is LoadState.STARTING:
+            self._fail(load, f"cluster slot of {load.spec.semaphore!r} revoked: this node lost the broker", now)
+            self.pump(now)
+
     def observe(self, signals: Signals, now: float) -> None:
         self.signals = signals
         self.pump(now)
@@ -206,6 +242,8 @@ class LoadTable:
         if load.state is LoadState.STARTING:
             self.starting += 1
         self.listener.changed(load, None)
+        if load.state is LoadState.STARTING and load.spec.semaphore is not None:
+            self._want_slot(load)  # it is starting already: counted again as soon as the node can
 
     # --- admission ----------------------------------------------------------------
 
@@ -215,7 +253,12 @@ class LoadTable:
         while self._pending:
             _, seq, name = self._pending[0]
             load = self.loads.get(name)
-            if load is None or load.seq != seq or load.state is not LoadState.PENDING:
+            if (
+                load is None
+                or load.seq != seq
+                or load.state is not LoadState.PENDING
+                or load.cluster is ClusterSlot.WAITING
+            ):
                 heapq.heappop(self._pending)
                 continue
             decision = decide(self.starting, self.signals, self.limits, self.rates, now)
@@ -225,6 +268,24 @@ class LoadTable:
                 return
             heapq.heappop(self._pending)
             self._admit(load, decision.reason, now)
+
+    def _enqueue(self, load: Load) -> None:
+        """A pending load joins the node's queue, after getting its cluster slot if it needs one."""
+        if load.spec.semaphore is not None and load.cluster is not ClusterSlot.HELD:
+            self._want_slot(load)
+        else:
+            heapq.heappush(self._pending, (-load.spec.priority, load.seq, load.name))
+
+    def _want_slot(self, load: Load) -> None:
+        load.cluster = ClusterSlot.WAITING
+        if load.state is LoadState.PENDING:
+            load.reason = f"waiting for a cluster slot of {load.spec.semaphore!r}"
+        self.listener.wants_slot(load)
+
+    def _let_slot_go(self, load: Load) -> None:
+        if load.cluster is not ClusterSlot.NONE:
+            load.cluster = ClusterSlot.NONE
+            self.listener.slot_done(load)
 
     def _admit(self, load: Load, reason: str, now: float) -> None:
         self.rates = admitted(self.rates, self.limits, now)
@@ -244,6 +305,7 @@ class LoadTable:
     def _become_ready(self, load: Load, how: str, now: float) -> None:
         load.state, load.reason, load.finished_at = LoadState.READY, f"ready: {how}", now
         self.starting -= 1
+        self._let_slot_go(load)
         self.counters["ready"] += 1
         self.listener.changed(load, LoadState.STARTING)
         for name in sorted(self._dependents.get(load.name, ())):
@@ -255,8 +317,8 @@ class LoadTable:
                 dependent.reason = f"waiting for {', '.join(blockers)}"
                 continue
             dependent.state, dependent.reason = LoadState.PENDING, "queued"
-            heapq.heappush(self._pending, (-dependent.spec.priority, dependent.seq, dependent.name))
             self.listener.changed(dependent, LoadState.BLOCKED)
+            self._enqueue(dependent)
 
     def _fail(self, load: Load, reason: str, now: float) -> None:
         # A worklist, not recursion: a long chain of blocked dependents fails with it.
@@ -269,6 +331,7 @@ class LoadTable:
             failing.state, failing.reason, failing.finished_at = LoadState.FAILED, why, now
             if previous is LoadState.STARTING:
                 self.starting -= 1
+            self._let_slot_go(failing)
             self.counters["failed"] += 1
             self.listener.changed(failing, previous)
             work += [(d, f"dependency {failing.name} failed: {why}") for d in self._blocked_on(failing.name)]
@@ -286,6 +349,7 @@ class LoadTable:
         del self.loads[load.name]
         if load.state is LoadState.STARTING:
             self.starting -= 1
+        self._let_slot_go(load)
         for dep in load.spec.depends_on:
             names = self._dependents.get(dep)
             if names is not None:

@@ -9,6 +9,7 @@ in ``poststop`` (state ``stopped``) its load is released. Annotations:
   (a shell command): how the daemon finds out it is ready; none: ready once admitted.
   Probes run in the daemon's network namespace: use an address reachable from the host.
 - ``nodeguard.io/priority``, ``nodeguard.io/start-timeout`` (seconds)
+- ``nodeguard.io/semaphore``: a cluster semaphore it also needs a slot of while starting
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def hook_action(state: object) -> HookAction:
         ),
         "detach": True,  # the hook exits once admitted; the container lives on
     }
+    if annotations.get(PREFIX + "semaphore"):
+        submit["semaphore"] = annotations[PREFIX + "semaphore"]
     for key, field, kind in (("priority", "priority", int), ("start-timeout", "startTimeoutSeconds", float)):
         text = annotations.get(PREFIX + key)
         if text is not None:

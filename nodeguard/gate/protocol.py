@@ -2,7 +2,7 @@
 
 Requests (``op``), each with an optional ``id`` echoed in its response:
 
-- ``submit``: name, dependsOn, readiness, priority, startTimeoutSeconds, detach
+- ``submit``: name, dependsOn, readiness, priority, startTimeoutSeconds, detach, semaphore
 - ``wait``: name, until (``starting``: admitted or failed; ``ready``: ready or failed)
 - ``ready``, ``release``, ``cancel``, ``attach``: name
 - ``status`` (optionally one name), ``ping``
@@ -56,6 +56,9 @@ class Submit(_Request):
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher goes first")
     start_timeout_seconds: float | None = Field(None, gt=0, le=86_400)
     detach: bool = Field(False, description="once admitted, the load outlives this connection")
+    semaphore: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")] | None = Field(
+        None, description="a cluster semaphore (coordination.semaphores) to hold a slot of while starting"
+    )
 
     @field_validator("depends_on")
     @classmethod

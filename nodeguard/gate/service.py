@@ -6,6 +6,11 @@ call. Timers exist only for what time alone changes: start timeouts, and holds
 that lift at a known moment (the maxRate bucket refills, the minRate interval
 ends). Clients never poll: ``wait`` is answered when its condition holds.
 
+Cluster slots: a load that names a cluster semaphore gets its slot from the
+coordination service (``acquire``) before it queues here, and gives it back
+when it is ready or fails. A slot revoked because this node lost the broker
+past its lease sends a queued load back to wait, and fails a starting one.
+
 Restart safety: an admission is written to the state file (group commit:
 every admission since the last write goes into the next one) before any client
 hears of it, so a daemon killed at any moment comes back holding at least every
@@ -22,6 +27,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from nodeguard.coordination.service import CoordinationService
+from nodeguard.coordination.settings import CoordinationError
 from nodeguard.gate import store
 from nodeguard.gate.loads import GateRefused, LoadTable
 from nodeguard.gate.policy import Limits, SignalWindow
@@ -62,9 +69,19 @@ log = get_logger("nodeguard.gate")
 _Deferred = tuple[int, Connection, dict[str, Any]]
 
 
+def slot_id(name: str, seq: int) -> str:
+    """The coordination service's id for a load's cluster slot: a replaced load never shares its predecessor's."""
+    return f"{name}#{seq}"
+
+
 class GateService:
-    def __init__(self, settings: GateSettings, cpus: int, state_dir: str) -> None:
+    def __init__(
+        self, settings: GateSettings, cpus: int, state_dir: str, coordination: CoordinationService | None = None
+    ) -> None:
         self.settings = settings
+        self.coordination = coordination
+        self._slots: dict[tuple[str, int], asyncio.Task[None]] = {}  # (load, seq) -> its acquire
+        self._slot_wanted: list[Load] = []  # asked for before the event loop ran (restored loads)
         self.cpus = cpus
         self.state_path = os.path.join(state_dir, store.STATE_FILE)
         self.window = SignalWindow(settings.signal_window_seconds)
@@ -124,6 +141,9 @@ class GateService:
                 self._group = group
                 group.create_task(self._persist_loop(), name="gate-persist")
                 group.create_task(accept_loop(listening.sock, group, self, self._connections), name="gate-accept")
+                for load in self._slot_wanted:
+                    self.wants_slot(load)
+                self._slot_wanted.clear()
                 self._resume_restored(time.monotonic())
                 try:
                     await asyncio.Event().wait()
@@ -268,6 +288,7 @@ class GateService:
             existing = self.table.loads.get(request.name)
             if existing is not None:
                 self._check_may_change(conn.peer, existing)
+            self._check_semaphore(request.semaphore)
             spec = LoadSpec(
                 name=request.name,
                 depends_on=tuple(request.depends_on),
@@ -277,6 +298,7 @@ class GateService:
                 detach=request.detach,
                 uid=conn.peer.uid,
                 gid=conn.peer.gid,
+                semaphore=request.semaphore,
             )
             self._reply(conn, rid, self.table.submit(spec, conn, now))
         elif isinstance(request, Wait):
@@ -304,6 +326,16 @@ class GateService:
                 conn.send(ok(rid, load=self.table.get(request.name).to_status(now)))
         elif isinstance(request, Ping):
             conn.send(ok(rid))
+
+    def _check_semaphore(self, semaphore: str | None) -> None:
+        if semaphore is None:
+            return
+        coordination = self.coordination
+        if coordination is None or not coordination.enabled:
+            raise GateRefused("no_coordination", f"semaphore {semaphore!r}: cluster coordination is not enabled")
+        if semaphore not in coordination.settings.semaphores:
+            known = ", ".join(sorted(coordination.settings.semaphores))
+            raise GateRefused("unknown_semaphore", f"no cluster semaphore {semaphore!r} (configured: {known})")
 
     def _check_may_change(self, peer: Peer, load: Load) -> None:
         if peer.uid not in (0, os.geteuid(), load.spec.uid):
@@ -366,6 +398,47 @@ class GateService:
             return
         for conn, rid, _ in self._waiters.pop(name, []):
             conn.send(error(rid, "unknown_load", f"load {name!r} was released"))
+
+    # --- cluster slots (loads.Listener and the coordination service) ------------------
+
+    def wants_slot(self, load: Load) -> None:
+        if self._group is None:
+            self._slot_wanted.append(load)
+            return
+        key = (load.name, load.seq)
+        if key not in self._slots:
+            self._slots[key] = self._group.create_task(self._acquire(load), name=f"gate-slot-{load.name}")
+
+    def slot_done(self, load: Load) -> None:
+        task = self._slots.pop((load.name, load.seq), None)
+        if task is not None and not task.done():
+            task.cancel()  # acquire gives the slot back if it was granted meanwhile
+        elif self.coordination is not None and load.spec.semaphore is not None:
+            self.coordination.release(load.spec.semaphore, slot_id(load.name, load.seq))
+
+    def slot_revoked(self, semaphore: str, slot: str) -> None:
+        """The coordination service's ``on_revoke``."""
+        name, _, seq = slot.rpartition("#")
+        if seq.isdigit():
+            self.table.slot_revoked(name, int(seq), time.monotonic())
+            self._after()
+
+    async def _acquire(self, load: Load) -> None:
+        name, seq, semaphore = load.name, load.seq, load.spec.semaphore
+        assert self.coordination is not None and semaphore is not None
+        try:
+            await self.coordination.acquire(semaphore, slot_id(name, seq))
+        except CoordinationError as exc:
+            self._slots.pop((name, seq), None)
+            current = self.table.loads.get(name)
+            if current is not None and current.seq == seq and current.state.active:
+                self.table.cancel(name, time.monotonic(), f"no cluster slot: {exc}")
+                self._after()
+            return
+        self._slots.pop((name, seq), None)
+        if not self.table.slot_granted(name, seq, time.monotonic()):
+            self.coordination.release(semaphore, slot_id(name, seq))
+        self._after()
 
     # --- probes and timers ----------------------------------------------------------
 

@@ -46,6 +46,15 @@ class LoadSpec:
     detach: bool = False  # once admitted, the load outlives the submitting connection
     uid: int = 0  # of the submitting peer: exec probes run as this user
     gid: int = 0
+    semaphore: str | None = None  # a cluster semaphore it also needs a slot of while it starts
+
+
+class ClusterSlot(enum.StrEnum):
+    """Where a load stands with its cluster semaphore (loads without one stay NONE)."""
+
+    NONE = ""
+    WAITING = "waiting"  # asked the coordination service for a slot
+    HELD = "held"  # holds a slot until it is ready or fails
 
 
 @dataclass(slots=True)
@@ -65,6 +74,7 @@ class Load:
     probe: str = ""  # the last probe result, for status
     restored: bool = False  # read back from the state file after a restart
     admit_gen: int = 0  # the generation of the state file that first records its admission
+    cluster: ClusterSlot = ClusterSlot.NONE
 
     @property
     def name(self) -> str:
@@ -85,6 +95,9 @@ class Load:
             data["admittedSecondsAgo"] = round(now - self.admitted_at, 3)
         if self.deadline is not None and self.state is LoadState.STARTING:
             data["timeoutInSeconds"] = round(self.deadline - now, 3)
+        if self.spec.semaphore is not None:
+            data["semaphore"] = self.spec.semaphore
+            data["clusterSlot"] = self.cluster.value or "none"
         if self.probe:
             data["probe"] = self.probe
         if self.restored:

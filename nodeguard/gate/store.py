@@ -52,6 +52,7 @@ def _record(load: Load) -> dict[str, Any]:
         "detach": spec.detach,
         "uid": spec.uid,
         "gid": spec.gid,
+        "semaphore": spec.semaphore,
         "seq": load.seq,
         "submittedAt": load.submitted_at,
         "wallSubmittedAt": load.wall_submitted_at,
@@ -72,6 +73,7 @@ def _load(record: dict[str, Any]) -> Load:
         detach=bool(record["detach"]),
         uid=int(record["uid"]),
         gid=int(record["gid"]),
+        semaphore=None if record.get("semaphore") is None else str(record["semaphore"]),
     )
     state = LoadState(record["state"])
     if state not in PERSISTED:

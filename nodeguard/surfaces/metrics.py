@@ -69,9 +69,9 @@ class DaemonCollector(Collector):
         yield from self._actuation(daemon)
         yield from self._daemon(daemon)
         yield from self._gate(daemon.gate.status())
-        coordination = getattr(daemon, "coordination", None)
-        if coordination is not None:
-            yield from self._coordination(coordination.status())
+        coordination = daemon.coordination.status()
+        if coordination.get("enabled"):
+            yield from self._coordination(coordination)
 
     def _guard(self, daemon: Daemon) -> Iterator[Metric]:
         plan = daemon.last_plan
@@ -185,10 +185,17 @@ class DaemonCollector(Collector):
 
     def _coordination(self, status: dict[str, Any]) -> Iterator[Metric]:
         semaphores = status.get("semaphores") or {}
+        yield _gauge("nodeguard_semaphore_cap", "Cluster-wide cap of the semaphore.", ["semaphore"],
+                     {(name,): float(s.get("cap", 0)) for name, s in semaphores.items()})
         for field in ("allotment", "held", "waiting"):
             yield _gauge(f"nodeguard_semaphore_{field}", f"Cluster semaphore {field} on this node.", ["semaphore"],
                          {(name,): float(s.get(field, 0)) for name, s in semaphores.items()})
+        yield _counter("nodeguard_semaphore_admissions_total", "Cluster slots granted to loads on this node.",
+                       ["semaphore"], {(name,): float(s.get("admitted", 0)) for name, s in semaphores.items()})
+        yield _gauge("nodeguard_coordination_admitting", "1 while this node may hand out cluster slots (lease valid).",
+                     [], {(): 1.0 if status.get("admitting") else 0.0})
         yield _gauge("nodeguard_mqtt_connected", "1 while connected to the MQTT broker.", [],
                      {(): 1.0 if status.get("connected") else 0.0})
         yield _counter("nodeguard_mqtt_messages_rejected_total", "Malformed or unexpected MQTT messages ignored.", [],
-                       {(): float(status.get("rejected", 0))})
+                       {(): float(sum(v for k, v in (status.get("counters") or {}).items()
+                                      if k.startswith("ignored.")))})

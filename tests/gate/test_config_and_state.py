@@ -46,7 +46,9 @@ def test_find_cycle_names_the_whole_path() -> None:
 
 def _load(name: str, state: LoadState) -> Load:
     probe = TcpProbe(type="tcp", address="127.0.0.1:80")
-    spec = LoadSpec(name=name, depends_on=("x",), readiness=probe, priority=3, start_timeout=9.0, uid=7, gid=8)
+    spec = LoadSpec(
+        name=name, depends_on=("x",), readiness=probe, priority=3, start_timeout=9.0, uid=7, gid=8, semaphore="prep"
+    )
     return Load(spec=spec, seq=4, state=state, reason="r", submitted_at=1.0, admitted_at=2.0, deadline=11.0)
 
 
@@ -82,6 +84,7 @@ def test_oci_hook_maps_annotations_to_a_detached_submit() -> None:
             "nodeguard.io/after": "db, cache",
             "nodeguard.io/ready-tcp": "10.0.0.5:5432",
             "nodeguard.io/priority": "5",
+            "nodeguard.io/semaphore": "prepare",
         },
     }
     action = hook_action(state)
@@ -92,6 +95,7 @@ def test_oci_hook_maps_annotations_to_a_detached_submit() -> None:
         "readiness": {"type": "tcp", "address": "10.0.0.5:5432"},
         "detach": True,
         "priority": 5,
+        "semaphore": "prepare",
     }
     assert hook_action({**state, "status": "stopped"}).kind == "release"
     with pytest.raises(HookInputError, match=r"nodeguard\.io/priority"):

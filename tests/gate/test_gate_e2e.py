@@ -174,6 +174,8 @@ def test_cycles_and_bad_requests_are_refused_and_change_nothing(tmp_path: Path) 
         assert itself["error"]["message"] == "dependency cycle: c -> c"
         unknown = session.request({"op": "submit", "name": "d", "dependsOn": ["nobody"]})
         assert unknown["error"]["code"] == "unknown_dependency"
+        clustered = session.request({"op": "submit", "name": "e", "semaphore": "prepare"})
+        assert clustered["error"]["code"] == "no_coordination", clustered  # coordination.enabled is false
 
         malformed: list[tuple[dict[str, Any] | bytes, str]] = [
             (b"not json", "not a JSON object"),
@@ -187,6 +189,7 @@ def test_cycles_and_bad_requests_are_refused_and_change_nothing(tmp_path: Path) 
                 "readiness.address: expected HOST:PORT",
             ),
             ({"op": "submit", "name": "x", "readiness": {"type": "ping"}}, "readiness"),
+            ({"op": "submit", "name": "x", "semaphore": "a/b"}, "semaphore: String should match pattern"),
         ]
         for request, fragment in malformed:
             response = session.request(request)

@@ -22,14 +22,22 @@ class Recorder:
     def removed(self, load: Load) -> None:
         self.transitions.append((load.name, load.state.value, "removed"))
 
+    def wants_slot(self, load: Load) -> None:
+        self.transitions.append((load.name, load.state.value, "wants-slot"))
+
+    def slot_done(self, load: Load) -> None:
+        self.transitions.append((load.name, load.state.value, "slot-done"))
+
 
 def table(max_starting: int = 2) -> LoadTable:
     limits = Limits(cores=4, max_starting=max_starting)
     return LoadTable(limits, Recorder(), 0.0, start_timeout=60, max_loads=100, keep_failed=10)
 
 
-def spec(name: str, *after: str, priority: int = 0, detach: bool = False) -> LoadSpec:
-    return LoadSpec(name=name, depends_on=after, readiness=NOTIFY, priority=priority, detach=detach)
+def spec(name: str, *after: str, priority: int = 0, detach: bool = False, semaphore: str | None = None) -> LoadSpec:
+    return LoadSpec(
+        name=name, depends_on=after, readiness=NOTIFY, priority=priority, detach=detach, semaphore=semaphore
+    )
 
 
 def states(t: LoadTable) -> dict[str, str]:
@@ -127,3 +135,70 @@ def test_release_before_ready_fails_blocked_dependents_and_after_ready_does_not(
     t.release("x", 3)
     t.ready("y", 4)
     assert states(t)["z"] == "starting"
+
+
+def slot_events(t: LoadTable) -> list[tuple[str, str | None, str]]:
+    recorder = t.listener
+    assert isinstance(recorder, Recorder)
+    return [e for e in recorder.transitions if e[2] in ("wants-slot", "slot-done")]
+
+
+def test_a_load_needing_a_cluster_slot_takes_no_node_slot_until_it_has_one() -> None:
+    """A load waiting for its cluster slot leaves the node's starting slots to loads that need none."""
+    t = table(max_starting=1)
+    t.submit(spec("sem", semaphore="prepare"), None, 0.0)
+    t.submit(spec("plain"), None, 0.0)
+    assert states(t) == {"sem": "pending", "plain": "starting"}
+    assert t.loads["sem"].reason == "waiting for a cluster slot of 'prepare'"
+    assert slot_events(t) == [("sem", "pending", "wants-slot")]
+    assert t.slot_granted("sem", t.loads["sem"].seq, 1.0)
+    assert states(t)["sem"] == "pending"  # the node's one slot is still taken
+    t.ready("plain", 2.0)
+    assert states(t)["sem"] == "starting"
+    t.ready("sem", 3.0)
+    assert slot_events(t)[-1] == ("sem", "ready", "slot-done")
+
+
+def test_cluster_slot_goes_back_on_failure_release_and_replacement() -> None:
+    """Every way out of the table gives the cluster slot back exactly once, waiting or held."""
+    t = table(max_starting=4)
+    t.submit(spec("a", semaphore="s"), None, 0.0)
+    t.submit(spec("b", semaphore="s"), None, 0.0)
+    t.submit(spec("c", semaphore="s", detach=True), None, 0.0)
+    t.slot_granted("a", t.loads["a"].seq, 0.1)
+    t.slot_granted("c", t.loads["c"].seq, 0.1)
+    t.cancel("a", 1.0)  # starting, holding its slot
+    t.release("b", 1.0)  # still waiting for its slot
+    t.submit(spec("c", semaphore="s"), None, 1.0)  # replaces the detached, starting c
+    done = [e for e in slot_events(t) if e[2] == "slot-done"]
+    assert done == [("a", "failed", "slot-done"), ("b", "pending", "slot-done"), ("c", "starting", "slot-done")]
+    assert not t.slot_granted("b", 2, 2.0)  # too late: the caller gives that slot back
+
+
+def test_a_revoked_slot_requeues_a_pending_load_and_fails_a_starting_one() -> None:
+    """Fencing takes the slots: a load still queued asks again, a load already starting fails and frees its node slot."""
+    t = table(max_starting=1)
+    t.submit(spec("first", semaphore="s"), None, 0.0)
+    t.submit(spec("second", semaphore="s"), None, 0.0)
+    t.slot_granted("first", t.loads["first"].seq, 0.1)
+    t.slot_granted("second", t.loads["second"].seq, 0.1)
+    assert states(t) == {"first": "starting", "second": "pending"}
+    t.slot_revoked("second", t.loads["second"].seq, 1.0)
+    assert t.loads["second"].reason == "waiting for a cluster slot of 's'"
+    t.slot_revoked("first", t.loads["first"].seq, 1.0)
+    assert states(t) == {"first": "failed", "second": "pending"}
+    assert "revoked" in t.loads["first"].reason
+    assert t.starting == 0  # the node slot is free, but second must get a cluster slot first
+    assert slot_events(t)[-1] == ("second", "pending", "wants-slot")
+    t.slot_granted("second", t.loads["second"].seq, 2.0)
+    assert states(t)["second"] == "starting"
+
+
+def test_dependents_ask_for_their_cluster_slot_only_when_unblocked() -> None:
+    """A blocked load holds nothing, not even a place in the cluster's queue."""
+    t = table()
+    t.submit(spec("base"), None, 0.0)
+    t.submit(spec("app", "base", semaphore="s"), None, 0.0)
+    assert slot_events(t) == []
+    t.ready("base", 1.0)
+    assert slot_events(t) == [("app", "pending", "wants-slot")]

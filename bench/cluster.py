@@ -1,0 +1,457 @@
+"""Benchmark: nodeguard's cluster semaphore against a Velero-style best-effort count, same run, same broker.
+
+20 nodes, each with its own MQTT connection, run as asyncio tasks in 4 worker
+processes of 5 nodes (20 interpreters would crowd two cores; one process for
+all 20 measures Python's MQTT client, not the protocol); each node gets 10
+simultaneous requests for a cap of 8, for several rounds; a load holds its
+slot for 20-80 ms. Both schemes run against one mosquitto started here (or
+``--broker host:port``), one after the other.
+
+* nodeguard: a CoordinationService per node (state dirs on disk, fsync'd).
+* best effort (Velero's node-agent): each node publishes its count (retained)
+  and admits one load whenever the sum it sees is below the cap, then waits to
+  see its own count come back before admitting the next; bound cap + nodes.
+
+The auditor is a client subscribed to the broker: every load publishes
+``hold`` and ``free`` with CLOCK_MONOTONIC timestamps (one clock: one machine),
+and the auditor merges them into the largest sum held at any instant.
+Handoff: from the release of a slot on one node to the admission, on another
+node, of a waiting load through the grant that slot became. Messages per
+admission: PUBLISH packets the nodes sent (heartbeats, statuses, ledgers,
+barriers; not the audit reports) per admitted load. Prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+
+from nodeguard.coordination.mqtt_link import Incoming, MqttLink, WillSpec
+from nodeguard.coordination.service import CoordinationService
+from nodeguard.coordination.settings import BrokerSettings, CoordinationSettings
+from nodeguard.log import configure
+
+NODES = 20
+WORKERS = 4
+REQUESTS = 10
+CAP = 8
+ROUNDS = 3
+HOLD = (0.020, 0.080)
+SEM = "prepare"
+NAMES = [f"node{i:02d}" for i in range(NODES)]
+
+
+# --- the broker and the auditor ---------------------------------------------------------------
+
+
+def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    config = workdir / "mosquitto.conf"
+    config.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\nset_tcp_nodelay true\n"
+    )
+    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    proc = subprocess.Popen([mosquitto, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, port
+        time.sleep(0.02)
+    raise SystemExit("mosquitto did not start")
+
+
+class Auditor:
+    """Subscribed to ``bench/audit/#``: the loads' own hold/free reports, merged on one clock."""
+
+    def __init__(self, port: int) -> None:
+        self.events: list[tuple[float, int, str]] = []
+        self.lock = threading.Lock()
+        ready = threading.Event()
+        self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id="bench-auditor", protocol=paho.MQTTv5)
+        self.client.on_connect = lambda c, *_: (c.subscribe("bench/audit/#", qos=1), ready.set())
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        ready.wait(5)
+
+    def _on_message(self, client: Any, userdata: Any, msg: paho.MQTTMessage) -> None:
+        e = json.loads(msg.payload)
+        with self.lock:
+            self.events.append((e["t"], 1 if e["ev"] == "hold" else -1, msg.topic))
+
+    def max_held(self, scheme: str, expected: int, timeout: float = 10.0) -> int:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                events = [(t, d) for t, d, topic in self.events if topic.startswith(f"bench/audit/{scheme}/")]
+            if len(events) >= expected or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if len(events) < expected:
+            raise SystemExit(f"the auditor saw {len(events)} of {expected} reports")
+        held = peak = 0
+        for _, delta in sorted(events):  # at equal times a release comes first
+            held += delta
+            peak = max(peak, held)
+        return peak
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+class Reporter:
+    """A worker's loads report hold/free to the auditor through the broker, from the worker's own event loop."""
+
+    def __init__(self, port: int, worker: int) -> None:
+        broker = BrokerSettings(host="127.0.0.1", port=port)
+        self.link = MqttLink(broker, f"bench-reporter-{worker}", [], f"bench/reporter-sync/{worker}", self)
+        self.connected = asyncio.Event()
+        self.pending: set[asyncio.Task[int]] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.create_task(self.link.run())
+        await self.connected.wait()
+
+    async def before_connect(self) -> WillSpec:
+        return WillSpec("bench/reporter-gone", b"", 30, 60)
+
+    def on_connected(self, session_present: bool) -> None:
+        self.connected.set()
+
+    def on_disconnected(self, reason: str) -> None:
+        self.connected.clear()
+
+    def on_message(self, message: Incoming) -> None:
+        pass
+
+    def report(self, scheme: str, event: str, load: str) -> None:
+        payload = json.dumps({"ev": event, "load": load, "t": time.monotonic()}).encode()
+        task = asyncio.get_running_loop().create_task(self.link.publish(f"bench/audit/{scheme}/{load}", payload))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def close(self) -> None:
+        await asyncio.gather(*self.pending)
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+
+def emit(**fields: Any) -> None:
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+async def wait_go() -> None:
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+
+# --- nodeguard (in a worker) -------------------------------------------------------------------
+
+
+async def nodeguard_worker(names: list[str], port: int, state: Path, reporter: Reporter, rng: random.Random) -> None:
+    def hook(name: str) -> Any:
+        def on_event(event: str, fields: dict[str, Any]) -> None:
+            if event == "donated" and fields["freed_at"] is not None:
+                emit(ev="donated", grant=[name, fields["grant"].id], freed_at=fields["freed_at"])
+            elif event == "admitted" and fields["via"] is not None:
+                emit(ev="admitted", via=list(fields["via"]), t=fields["t"])
+
+        return on_event
+
+    services = []
+    for name in names:
+        settings = CoordinationSettings.model_validate(
+            {
+                "enabled": True,
+                "cluster": "bench",
+                "nodes": NAMES,
+                "semaphores": {SEM: CAP},
+                "stateDir": str(state / name),
+                "broker": {"host": "127.0.0.1", "port": port},
+            }
+        )
+        services.append(CoordinationService(settings, name, on_event=hook(name)))
+    tasks = [asyncio.create_task(s.run()) for s in services]
+    while not all(s.status()["admitting"] for s in services):
+        await asyncio.sleep(0.05)
+    emit(ev="ready")
+    await wait_go()
+    published = sum(s.link.stats.published for s in services)
+
+    async def load(service: CoordinationService, load_id: str) -> None:
+        await service.acquire(SEM, load_id)
+        reporter.report("nodeguard", "hold", load_id)
+        await asyncio.sleep(rng.uniform(*HOLD))
+        reporter.report("nodeguard", "free", load_id)
+        service.release(SEM, load_id)
+
+    async def node_rounds(service: CoordinationService) -> None:
+        for r in range(ROUNDS):
+            await asyncio.gather(*(load(service, f"{service.name}-{r}-{i}") for i in range(REQUESTS)))
+
+    await asyncio.gather(*(node_rounds(s) for s in services))
+    emit(ev="finished", published=sum(s.link.stats.published for s in services) - published)
+    await wait_go()  # everyone's loads are done: now stopping disturbs nobody
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# --- Velero-style best effort (in a worker) -----------------------------------------------------
+
+
+class BestEffortNode:
+    """Publishes its count; admits one load while the sum it sees is below the cap, then waits to see itself."""
+
+    def __init__(self, name: str, port: int, reporter: Reporter) -> None:
+        self.name = name
+        self.reporter = reporter
+        self.counts = dict.fromkeys(NAMES, 0)
+        self.held = 0
+        self.published_count = -1
+        self.seen_own = True
+        self.waiting: list[asyncio.Future[None]] = []
+        broker = BrokerSettings(host="127.0.0.1", port=port)
+        self.link = MqttLink(broker, f"be-{name}", ["bench/besteffort/count/+"], f"bench/besteffort/sync/{name}", self)
+        self.connected = asyncio.Event()
+
+    async def before_connect(self) -> WillSpec:
+        return WillSpec(f"bench/besteffort/gone/{self.name}", b"", 30, 60)
+
+    def on_connected(self, session_present: bool) -> None:
+        self.connected.set()
+
+    def on_disconnected(self, reason: str) -> None:
+        self.connected.clear()
+
+    def on_message(self, message: Incoming) -> None:
+        node = message.topic.rsplit("/", 1)[1]
+        self.counts[node] = int(message.payload or b"0")
+        if node == self.name and self.counts[node] == self.published_count:
+            self.seen_own = True
+        self.admit()
+
+    def admit(self) -> None:
+        if self.waiting and self.seen_own and sum(self.counts.values()) - self.counts[self.name] + self.held < CAP:
+            self.held += 1
+            self.waiting.pop(0).set_result(None)
+            self.publish()
+
+    def publish(self) -> None:
+        self.seen_own = False
+        self.published_count = self.held
+        asyncio.get_running_loop().create_task(
+            self.link.publish(f"bench/besteffort/count/{self.name}", str(self.held).encode(), retain=True)
+        )
+
+    async def load(self, load_id: str, rng: random.Random) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append(future)
+        self.admit()
+        await future
+        self.reporter.report("besteffort", "hold", load_id)
+        await asyncio.sleep(rng.uniform(*HOLD))
+        self.reporter.report("besteffort", "free", load_id)
+        self.held -= 1
+        self.publish()
+        self.admit()
+
+
+async def best_effort_worker(names: list[str], port: int, reporter: Reporter, rng: random.Random) -> None:
+    nodes = [BestEffortNode(n, port, reporter) for n in names]
+    tasks = [asyncio.create_task(n.link.run()) for n in nodes]
+    for n in nodes:
+        await n.connected.wait()
+        n.publish()
+    emit(ev="ready")
+    await wait_go()
+    published = sum(n.link.stats.published for n in nodes)
+
+    async def node_rounds(node: BestEffortNode) -> None:
+        for r in range(ROUNDS):
+            await asyncio.gather(*(node.load(f"{node.name}-{r}-{i}", rng) for i in range(REQUESTS)))
+
+    await asyncio.gather(*(node_rounds(n) for n in nodes))
+    emit(ev="finished", published=sum(n.link.stats.published for n in nodes) - published)
+    await wait_go()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def worker(args: argparse.Namespace) -> None:
+    configure("error", json=True)
+    names = NAMES[args.worker :: WORKERS]
+    rng = random.Random(args.seed * 100 + args.worker)
+
+    async def run() -> None:
+        reporter = Reporter(args.port, args.worker)
+        await reporter.start()
+        try:
+            if args.scheme == "nodeguard":
+                await nodeguard_worker(names, args.port, Path(args.state), reporter, rng)
+            else:
+                await best_effort_worker(names, args.port, reporter, rng)
+        finally:
+            await reporter.close()
+
+    asyncio.run(run())
+
+
+# --- the parent --------------------------------------------------------------------------------
+
+
+def read_until(stream: IO[str], event: str, sink: list[dict[str, Any]]) -> dict[str, Any]:
+    for line in stream:
+        message = json.loads(line)
+        sink.append(message)
+        if message["ev"] == event:
+            return message
+    raise SystemExit(f"a worker ended before {event!r}")
+
+
+def run_scheme(scheme: str, port: int, state: Path, seed: int) -> dict[str, Any]:
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--worker",
+                str(w),
+                "--scheme",
+                scheme,
+                "--port",
+                str(port),
+                "--state",
+                str(state),
+                "--seed",
+                str(seed),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(WORKERS)
+    ]
+    events: list[dict[str, Any]] = []
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            read_until(proc.stdout, "ready", events)
+        time.sleep(0.5)  # everyone has everyone's status
+        started = time.monotonic()
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        published = 0
+        for proc in procs:
+            assert proc.stdout is not None
+            published += read_until(proc.stdout, "finished", events)["published"]
+        elapsed = time.monotonic() - started
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.close()
+        for proc in procs:
+            proc.wait(30)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    freed = {tuple(e["grant"]): e["freed_at"] for e in events if e["ev"] == "donated"}
+    handoffs = [
+        (e["t"] - freed[tuple(e["via"])]) * 1000 for e in events if e["ev"] == "admitted" and tuple(e["via"]) in freed
+    ]
+    admissions = NODES * REQUESTS * ROUNDS
+    return {"handoffs": handoffs, "messages_per_admission": published / admissions, "seconds": elapsed}
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--broker", help="port on 127.0.0.1 of a running broker (default: start mosquitto here)")
+    parser.add_argument("--state-dir", default=None, help="where the nodes' state dirs go (default: the temp dir)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--scheme", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--state", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        worker(args)
+        return
+    workdir = Path(tempfile.mkdtemp(prefix="nodeguard-bench-", dir=args.state_dir))
+    broker = None
+    try:
+        if args.broker:
+            port = int(args.broker.rsplit(":", 1)[-1])
+        else:
+            broker, port = start_mosquitto(workdir)
+        auditor = Auditor(port)
+        admissions = NODES * REQUESTS * ROUNDS
+        nodeguard = run_scheme("nodeguard", port, workdir, args.seed)
+        nodeguard["max_held"] = auditor.max_held("nodeguard", 2 * admissions)
+        best = run_scheme("besteffort", port, workdir, args.seed)
+        best["max_held"] = auditor.max_held("besteffort", 2 * admissions)
+        auditor.close()
+    finally:
+        if broker is not None:
+            broker.terminate()
+            broker.wait(5)
+        shutil.rmtree(workdir, ignore_errors=True)
+    handoffs = nodeguard["handoffs"]
+    print(
+        f"nodeguard:   max held {nodeguard['max_held']} (cap {CAP}), {admissions} admissions in "
+        f"{nodeguard['seconds']:.2f} s, {len(handoffs)} handoffs between nodes, "
+        f"{nodeguard['messages_per_admission']:.2f} messages/admission"
+    )
+    print(
+        f"best effort: max held {best['max_held']} (bound cap + nodes = {CAP + NODES}), {admissions} admissions in "
+        f"{best['seconds']:.2f} s, {best['messages_per_admission']:.2f} messages/admission"
+    )
+    print(
+        f"({NODES} nodes in {WORKERS} processes of {NODES // WORKERS} asyncio nodes, each its own MQTT connection; "
+        f"{os.cpu_count()} CPUs)"
+    )
+    result = {
+        "nodes": NODES,
+        "cap": CAP,
+        "nodeguard_max_held": nodeguard["max_held"],
+        "best_effort_max_held": best["max_held"],
+        "handoff_p50_ms": round(statistics.median(handoffs), 2) if handoffs else None,
+        "handoff_p99_ms": round(percentile(handoffs, 99), 2) if handoffs else None,
+        "messages_per_admission": round(nodeguard["messages_per_admission"], 2),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Cluster coordination over MQTT: cluster-wide caps (semaphores) that never overshoot."""

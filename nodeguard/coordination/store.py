@@ -1,0 +1,125 @@
+"""The node's protocol state on disk: written atomically before anything shows it.
+
+It must survive a crash of the process (a restart within the will delay keeps
+the allotment), which the page cache does; it need not survive a crash of the
+machine: the file records the kernel's boot id, and after a reboot the node
+distrusts it and continues from its retained ledger on the broker, which holds
+everything any other node can have acted on. So there is no fsync on the path
+of a grant; where there is no boot id, every write is fsync'd instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from nodeguard.coordination.semaphore import Saved
+from nodeguard.coordination.topics import Malformed, decode_ledger, encode_ledger
+from nodeguard.log import get_logger
+
+log = get_logger("nodeguard.coordination")
+
+FORMAT = 1
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str | None:
+    try:
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def encode_saved(node: str, saved: Saved, boot: str | None = None) -> bytes:
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "node": node,
+        "bootId": boot,
+        "ledger": json.loads(encode_ledger(saved.ledger(node))),
+        "nextGrant": saved.next_grant,
+        "handledWill": saved.handled_will,
+        "lostUpTo": saved.lost_up_to,
+        "published": saved.published,
+        "awaitHeir": saved.await_heir,
+    }
+    return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+
+def decode_saved(node: str, data: bytes) -> Saved:
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise Malformed(f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("node") != node:
+        raise Malformed("not a coordination state of this node")
+    ledger = decode_ledger(json.dumps(doc.get("ledger")).encode(), node)
+    extras = [doc.get(k) for k in ("nextGrant", "handledWill", "lostUpTo")]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in extras):
+        raise Malformed("nextGrant, handledWill, lostUpTo: expected integers")
+    return Saved(
+        seq=ledger.seq,
+        epoch=ledger.epoch,
+        fps=dict(ledger.fps),
+        allot=dict(ledger.allot),
+        grants={g.id: g for g in ledger.grants},
+        applied={d: set(ids) for d, ids in ledger.applied.items()},
+        adopted=dict(ledger.adopted),
+        lost=list(ledger.lost),
+        next_grant=int(doc["nextGrant"]),
+        handled_will=int(doc["handledWill"]),
+        lost_up_to=int(doc["lostUpTo"]),
+        published=bool(doc.get("published")),
+        await_heir=bool(doc.get("awaitHeir")),
+    )
+
+
+class StateStore:
+    def __init__(self, path: Path, node: str) -> None:
+        self.path = path
+        self.node = node
+        self.boot = boot_id()
+
+    def load(self) -> Saved | None:
+        """The saved state, or ``None``: missing, written before a reboot, or corrupt (set aside)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            saved = decode_saved(self.node, data)
+            written_boot = json.loads(data).get("bootId")
+        except Malformed as exc:
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            os.replace(self.path, aside)
+            log.error(
+                "coordination state unreadable; set aside, recovering from the broker",
+                error=str(exc),
+                kept_as=str(aside),
+            )
+            return None
+        if self.boot is not None and written_boot != self.boot:
+            log.warning("the machine restarted since the coordination state was written; recovering from the broker")
+            return None
+        return saved
+
+    def save(self, saved: Saved) -> None:
+        """Write and rename: after a crash of the process the old or the new state is there, whole."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, encode_saved(self.node, saved, self.boot))
+            if self.boot is None:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        if self.boot is None:
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)

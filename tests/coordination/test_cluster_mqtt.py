@@ -1,0 +1,232 @@
+"""Ten node processes against a real mosquitto: the cap holds through bursts, kills, broker restarts and cuts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+from nodeguard.coordination.semaphore import Cluster as SemCluster
+from tests.coordination.conftest import Broker
+from tests.coordination.harness import (
+    TIMINGS,
+    CuttableProxy,
+    LoadAuditor,
+    NodeProcess,
+    WireAuditor,
+    coordination_config,
+    wait_until,
+)
+
+CAP = 4
+SEM = "prepare"
+NODES = [f"n{i}" for i in range(10)]
+WILL = float(TIMINGS["willDelaySeconds"])
+
+
+class Cluster:
+    def __init__(self, broker: Broker, workdir: Path, *, proxied: str | None = None) -> None:
+        self.broker = broker
+        self.proxy = CuttableProxy(broker.port) if proxied else None
+        self.wire = WireAuditor(broker.port, NODES, {SEM: CAP})
+        self.nodes: dict[str, NodeProcess] = {}
+        for name in NODES:
+            port = self.proxy.port if self.proxy is not None and name == proxied else broker.port
+            config = coordination_config(port, NODES, {SEM: CAP}, workdir / "state" / name)
+            self.nodes[name] = NodeProcess(name, config, workdir).start()
+        self.loads = LoadAuditor(list(self.nodes.values()))
+
+    def logs(self) -> str:
+        return "\n".join(n.log_tail() for n in self.nodes.values())
+
+    def wait_admitting(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
+        for name in names or NODES:
+            node = self.nodes[name]
+            wait_until(
+                lambda node=node: node.status()["admitting"], timeout, f"{node.name} admitting", detail=self.logs
+            )
+
+    def wait_done(self, loads: int, timeout: float = 30.0) -> None:
+        wait_until(
+            lambda: len(self.loads.done(SEM)) >= loads,
+            timeout,
+            f"{loads} loads done",
+            detail=lambda: f"done {len(self.loads.done(SEM))}\n{self.logs()}",
+        )
+
+    def check_cap(self) -> None:
+        assert self.loads.max_held(SEM) <= CAP, self.logs()
+        assert not self.wire.violations, self.wire.violations[0]
+        assert not self.wire.malformed, self.wire.malformed[:3]
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.terminate()
+        for node in self.nodes.values():
+            node.stop()
+        self.wire.close()
+        if self.proxy is not None:
+            self.proxy.close()
+
+
+@pytest.fixture
+def cluster(broker: Broker, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(broker, tmp_path, proxied="n5")
+    try:
+        c.wait_admitting()
+        yield c
+    finally:
+        c.close()
+
+
+def test_bursts_never_exceed_the_cap_and_every_load_runs(cluster: Cluster) -> None:
+    """Ten nodes each asking for three slots at once, twice, never hold more than the cap together and all run."""
+    for node in cluster.nodes.values():
+        node.burst(3, 0.15, SEM)
+    time.sleep(0.4)
+    for node in cluster.nodes.values():
+        node.burst(3, 0.1, SEM)
+    cluster.wait_done(60)
+    cluster.check_cap()
+    assert cluster.loads.max_held(SEM) == CAP  # the cap was reached: slots moved to where loads waited
+    assert cluster.loads.requested(SEM) == cluster.loads.done(SEM)
+    assert cluster.wire.max_total[SEM] == CAP  # checked on complete views: every slot accounted for
+
+
+def test_killed_node_slots_come_back_after_its_will_and_it_rejoins_without_them(cluster: Cluster) -> None:
+    """SIGKILL a node holding slots: after its will its heir adopts them; restarted, it reads that before admitting."""
+    victim, heir = cluster.nodes["n3"], cluster.nodes["n4"]
+    victim.burst(CAP, 30.0, SEM)  # holds whatever it can get, for long
+    wait_until(lambda: victim.count("hold") >= 1, 10, "the victim holds a slot", detail=cluster.logs)
+    time.sleep(0.3)
+    held_by_victim = victim.status()["semaphores"][SEM]["held"]
+    victim.kill()
+    wait_until(lambda: any(w.startswith("n3@") for w in cluster.wire.wills), WILL + 5, "n3's will", detail=cluster.logs)
+    wait_until(lambda: heir.status()["counters"].get("adoptions", 0) >= 1, 5, "the heir adopting", detail=cluster.logs)
+    after_will = time.monotonic()
+    for name in ("n0", "n1", "n7", "n8"):
+        cluster.nodes[name].burst(2, 0.8, SEM)
+    cluster.wait_done(8)
+    cluster.check_cap()
+    assert held_by_victim >= 1
+    assert cluster.loads.max_held(SEM, since=after_will) == CAP  # its slots are in use again
+
+    victim.start()
+    wait_until(lambda: victim.count("started") >= 2, 10, "the victim restarting")
+    cluster.wait_admitting(["n3"])
+    status = victim.status()
+    assert status["counters"].get("rollbacks", 0) == 1
+    for node in cluster.nodes.values():
+        node.burst(1, 0.1, SEM)
+    cluster.wait_done(8 + 10)
+    cluster.check_cap()
+
+
+def test_broker_restart_never_overshoots_and_everything_recovers(cluster: Cluster) -> None:
+    """With the broker stopped, nodes keep admitting within their allotments; after it restarts all loads run."""
+    for node in cluster.nodes.values():
+        node.burst(1, 0.1, SEM)
+    cluster.wait_done(10)
+    time.sleep(0.3)  # no grant in flight: every slot is some node's (one in flight would wait for the broker)
+    cluster.broker.stop()
+    stopped = time.monotonic()
+    for node in cluster.nodes.values():
+        node.burst(2, 0.2, SEM)
+
+    def admitted_during_outage() -> list[dict[str, object]]:
+        return [
+            e
+            for n in cluster.nodes.values()
+            for e in n.snapshot()
+            if e["ev"] == "hold" and e["t"] > stopped and str(e["load"]).endswith(("-2", "-3"))
+        ]
+
+    wait_until(lambda: bool(admitted_during_outage()), 2.0, "a load admitted locally while the broker is down")
+    outage = cluster.nodes["n0"].status()
+    assert not outage["connected"] and outage["outageSeconds"] > 0
+    cluster.broker.start()
+    cluster.wait_done(30, timeout=40)
+    cluster.check_cap()
+    wait_until(
+        lambda: all(n.status()["connected"] for n in cluster.nodes.values()), 20, "all reconnected", detail=cluster.logs
+    )
+    cluster.wait_admitting()
+    connects = {name: n.status()["broker"]["connects"] for name, n in cluster.nodes.items()}
+    assert all(count >= 2 for count in connects.values()), (connects, cluster.logs())
+
+
+def test_cut_off_node_fences_and_the_cap_holds(cluster: Cluster) -> None:
+    """A node cut off from the broker revokes its slots before its heir adopts them, and rejoins after."""
+    assert cluster.proxy is not None
+    cut, heir = cluster.nodes["n5"], cluster.nodes["n6"]
+    cut.burst(CAP, 4.0, SEM)  # still holding when its lease runs out
+    wait_until(lambda: cut.count("hold") >= 1, 10, "the cut node holding", detail=cluster.logs)
+    time.sleep(0.3)
+    cluster.proxy.cut()
+    wait_until(lambda: cut.count("revoked") >= 1, TIMINGS["leaseSeconds"] + 3, "revocation", detail=cluster.logs)
+    wait_until(lambda: heir.status()["counters"].get("adoptions", 0) >= 1, WILL + 5, "adoption", detail=cluster.logs)
+    for name in ("n0", "n2", "n7", "n9"):
+        cluster.nodes[name].burst(2, 0.4, SEM)
+    cluster.wait_done(8)
+    cluster.check_cap()
+    cluster.proxy.heal()
+    cluster.wait_admitting(["n5"])
+    assert cut.status()["counters"].get("rollbacks", 0) == 1
+    cluster.wait_done(8 + CAP, timeout=30)  # its own loads are admitted again, within the cap
+    cluster.check_cap()
+
+
+def test_malformed_foreign_and_duplicated_messages_are_ignored_and_counted(broker: Broker, tmp_path: Path) -> None:
+    """Garbage, an unknown version, a forged grant for an unknown semaphore and a grant sent ten times do no harm."""
+    names = ["a", "b", "c"]
+    node = NodeProcess("a", coordination_config(broker.port, names, {SEM: 2}, tmp_path / "state"), tmp_path).start()
+    try:
+        wait_until(lambda: node.count("started") == 1, 10, "start")
+        wait_until(lambda: node.status()["admitting"], 10, "admitting", detail=node.log_tail)
+        status = node.status()
+        epoch, before = status["epoch"], status["semaphores"][SEM]["allotment"]
+        fp = dict(SemCluster(tuple(names), {SEM: 2}).fps)
+        client = paho.Client(CallbackAPIVersion.VERSION2, client_id="forger", protocol=paho.MQTTv5)
+        client.connect("127.0.0.1", broker.port)
+        client.loop_start()
+
+        def ledger(seq: int, grants: list[dict[str, object]]) -> bytes:
+            return json.dumps(
+                {"v": 1, "kind": "ledger", "node": "c", "seq": seq, "epoch": 1, "fps": fp, "allot": {SEM: 0},
+                 "grants": grants, "applied": {}, "adopted": {}, "lost": []}
+            ).encode()  # fmt: skip
+
+        publish = [
+            ("nodeguard/test/status/b", b"\xff not json"),
+            ("nodeguard/test/ledger/b", json.dumps({"v": 2, "kind": "ledger", "node": "b"}).encode()),
+            (
+                "nodeguard/test/ledger/c",
+                ledger(5, [{"id": 1, "sem": "nope", "to": "a", "epoch": epoch, "n": 9, "seq": 5}]),
+            ),
+        ]
+        grant = {"id": 2, "sem": SEM, "to": "a", "epoch": epoch, "n": 1, "seq": 6}
+        publish += [("nodeguard/test/ledger/c", ledger(6 + i, [grant])) for i in range(10)]
+        for topic, payload in publish:
+            client.publish(topic, payload, qos=1).wait_for_publish(5)
+        client.loop_stop()
+        client.disconnect()
+        wait_until(
+            lambda: node.status()["counters"].get("grants.applied", 0) >= 1, 5, "the grant", detail=node.log_tail
+        )
+        time.sleep(0.3)
+        status = node.status()
+        counters = status["counters"]
+        assert counters.get("ignored.malformed") == 1
+        assert counters.get("ignored.unknown_version") == 1
+        assert counters.get("ignored.bad_grant") == 1
+        assert counters.get("grants.applied") == 1
+        assert status["semaphores"][SEM]["allotment"] == before + 1
+        node.burst(3, 0.05, SEM)
+        wait_until(lambda: node.count("done") == 3, 10, "loads", detail=node.log_tail)
+    finally:
+        node.stop()

@@ -1,0 +1,152 @@
+"""Real daemons (`nodeguard run`) gating real servers through one cluster semaphore over a real mosquitto."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.coordination.conftest import Broker
+from tests.coordination.harness import TIMINGS, CuttableProxy, coordination_config
+from tests.gate.helpers import REPO, SLOW_SERVER, Gate, Session, free_port, wait_until
+from tests.gate.test_gate_e2e import max_overlap, read_records
+
+NODES = ["a", "b", "c"]
+CAP = 2
+LOADS_PER_NODE = 4
+
+
+class ClusterGates:
+    """One daemon per node, each with its own gate socket, state and HTTP port; node ``c`` behind a proxy."""
+
+    def __init__(self, broker: Broker, tmp: Path) -> None:
+        self.proxy = CuttableProxy(broker.port)
+        self.gates: dict[str, Gate] = {}
+        self.http: dict[str, str] = {}
+        for name in NODES:
+            home = tmp / name
+            (home / "run").mkdir(parents=True)
+            gate = Gate(home, {"maxStarting": LOADS_PER_NODE, "maxStartingPerCore": None})
+            port = self.proxy.port if name == "c" else broker.port
+            coordination = coordination_config(port, NODES, {"prepare": CAP}, home / "state")
+            self.http[name] = f"127.0.0.1:{free_port()}"
+            gate.config["global"]["coordination"] = {**coordination, "nodeName": name}
+            gate.config["global"]["http"] = {"listen": self.http[name]}
+            gate.daemon.config_path.write_text(json.dumps(gate.config))
+            self.gates[name] = gate
+        for gate in self.gates.values():
+            gate.start()
+
+    def status(self, name: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://{self.http[name]}/status", timeout=5) as response:
+            return dict(json.loads(response.read()))
+
+    def admitting(self, name: str) -> bool:
+        try:
+            return bool(self.coordination(name)["admitting"])
+        except OSError:  # its HTTP server is not up yet
+            return False
+
+    def coordination(self, name: str) -> dict[str, Any]:
+        return dict(self.status(name)["coordination"])
+
+    def close(self) -> None:
+        for gate in self.gates.values():
+            gate.stop()
+        self.proxy.close()
+
+
+@pytest.fixture
+def cluster(broker: Broker, tmp_path: Path) -> Iterator[ClusterGates]:
+    gates = ClusterGates(broker, tmp_path)
+    try:
+        for name in NODES:
+            wait_until(lambda name=name: gates.admitting(name), 20, f"{name} admitting")
+        yield gates
+    finally:
+        gates.close()
+
+
+def test_servers_on_three_nodes_never_start_more_than_the_cluster_cap(cluster: ClusterGates, tmp_path: Path) -> None:
+    """Twelve real servers through `nodeguard gate --semaphore` on three daemons: at most two start at once in the cluster, and all become ready."""
+    log = tmp_path / "servers.log"
+    for name, gate in cluster.gates.items():
+        for i in range(LOADS_PER_NODE):
+            port = free_port()
+            gate.client(
+                "gate", "--name", f"{name}{i}", "--semaphore", "prepare",
+                "--ready-tcp", f"127.0.0.1:{port}", "--ready-period", "0.05",
+                "--", sys.executable, SLOW_SERVER, f"{name}{i}", str(port), "0.3", str(log), "tcp",
+            )  # fmt: skip
+    total = len(NODES) * LOADS_PER_NODE
+
+    def ready() -> int:
+        return sum(gate.status()["counts"]["ready"] for gate in cluster.gates.values())
+
+    wait_until(lambda: ready() == total, 90, f"{total} servers ready")
+    records = read_records(log)
+    assert len(records) == total
+    assert max_overlap([(r["start"], r["ready"]) for r in records.values()]) == CAP
+    for name in NODES:
+        sem = cluster.coordination(name)["semaphores"]["prepare"]
+        assert sem["admitted"] == LOADS_PER_NODE and sem["held"] == 0 and sem["waiting"] == 0, (name, sem)
+    assert sum(cluster.coordination(n)["semaphores"]["prepare"]["allotment"] for n in NODES) == CAP
+
+    # The operator's view of the same: metrics, and the terminal status.
+    with urllib.request.urlopen(f"http://{cluster.http['a']}/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    assert 'nodeguard_semaphore_admissions_total{semaphore="prepare"} 4.0' in metrics
+    assert 'nodeguard_semaphore_cap{semaphore="prepare"} 2.0' in metrics
+    assert 'nodeguard_semaphore_held{semaphore="prepare"} 0.0' in metrics
+    assert "nodeguard_mqtt_connected 1.0" in metrics
+    assert "nodeguard_mqtt_messages_rejected_total 0.0" in metrics
+    view = subprocess.run(
+        [sys.executable, "-m", "nodeguard", "status", "--config", str(cluster.gates["a"].daemon.config_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert view.returncode == 0, view.stderr
+    assert "cluster semaphores" in view.stdout and "prepare" in view.stdout
+
+
+def test_unknown_semaphore_is_refused_by_name(cluster: ClusterGates) -> None:
+    """A submit naming a semaphore the cluster does not configure is refused, and the gate keeps serving."""
+    response = cluster.gates["a"].request({"op": "submit", "name": "x", "semaphore": "backup"})
+    assert response["ok"] is False
+    assert response["error"]["code"] == "unknown_semaphore"
+    assert "'backup'" in response["error"]["message"] and "prepare" in response["error"]["message"]
+    assert cluster.gates["a"].request({"op": "ping"})["ok"]
+
+
+def test_a_node_cut_off_the_broker_fails_its_starting_load_and_the_others_take_the_slot(cluster: ClusterGates) -> None:
+    """Past its lease a cut-off node revokes its cluster slot (its starting load fails); after its will the slot serves another node."""
+    c, a = cluster.gates["c"], cluster.gates["a"]
+    notify = {"type": "notify"}
+    first = c.request({"op": "submit", "name": "slow", "semaphore": "prepare", "readiness": notify, "detach": True})
+    assert first["ok"], first
+    c.wait_state("slow", "starting")
+    cluster.proxy.cut()
+    cut_at = time.monotonic()
+    failed = c.wait_state("slow", "failed", timeout=TIMINGS["leaseSeconds"] + 5)
+    assert "revoked" in failed["reason"]
+    assert time.monotonic() - cut_at >= TIMINGS["leaseSeconds"] - 1.0  # not before its lease ran out
+    # Both slots of the cap are usable by the connected nodes once the heir adopted c's allotment.
+    session = Session(a.socket)  # a load waiting for admission lives as long as its client's connection
+    try:
+        for i in range(CAP):
+            request = {"op": "submit", "name": f"after{i}", "semaphore": "prepare", "readiness": notify, "detach": True}
+            response = session.request(request)
+            assert response["ok"], response
+        for i in range(CAP):
+            a.wait_state(f"after{i}", "starting", timeout=TIMINGS["willDelaySeconds"] + 10)
+    finally:
+        session.close()
+    cluster.proxy.heal()
+    wait_until(lambda: cluster.admitting("c"), 20, "c admitting again")
+    assert cluster.coordination("c")["counters"].get("rollbacks", 0) == 1

@@ -1,0 +1,170 @@
+"""The CoordinationService in-process against a real mosquitto: acquire/release, cancellation, bad settings."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from nodeguard.coordination.service import CoordinationService
+from nodeguard.coordination.settings import CoordinationError, CoordinationSettings
+from tests.coordination.conftest import Broker
+from tests.coordination.harness import REPO, coordination_config
+
+SEM = "prepare"
+
+
+def settings(port: int, tmp_path: Path, **broker: Any) -> CoordinationSettings:
+    config = coordination_config(port, ["solo"], {SEM: 1}, tmp_path / "state")
+    config["broker"].update(broker)
+    return CoordinationSettings.model_validate(config)
+
+
+@contextlib.asynccontextmanager
+async def running(service: CoordinationService) -> AsyncIterator[CoordinationService]:
+    task = asyncio.create_task(service.run())
+    try:
+        for _ in range(200):
+            if service.status()["admitting"]:
+                break
+            await asyncio.sleep(0.02)
+        yield service
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_cancelled_waiter_never_keeps_a_slot(broker: Broker, tmp_path: Path) -> None:
+    """A waiter cancelled while waiting, or right after being admitted, gives its slot back."""
+    async with running(CoordinationService(settings(broker.port, tmp_path), "solo")) as service:
+        await asyncio.wait_for(service.acquire(SEM, "first"), 5)
+        waiting = asyncio.create_task(service.acquire(SEM, "cancelled-waiting"))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting
+        admitted = asyncio.create_task(service.acquire(SEM, "cancelled-admitted"))
+        await asyncio.sleep(0.05)
+        service.release(SEM, "first")  # admits the waiter ...
+        admitted.cancel()  # ... which is cancelled before it runs again
+        with contextlib.suppress(asyncio.CancelledError):
+            await admitted
+        assert service.status()["semaphores"][SEM]["held"] == 0
+        await asyncio.wait_for(service.acquire(SEM, "last"), 2)  # the only slot is free again
+        assert service.status()["semaphores"][SEM] | {"held": 1, "waiting": 0} == service.status()["semaphores"][SEM]
+
+
+async def test_unknown_semaphore_is_an_error(broker: Broker, tmp_path: Path) -> None:
+    """Acquiring a semaphore that is not configured fails at once, naming the configured ones."""
+    async with running(CoordinationService(settings(broker.port, tmp_path), "solo")) as service:
+        with pytest.raises(CoordinationError, match=r"unknown cluster semaphore 'nope'.*prepare"):
+            await service.acquire("nope", "x")
+
+
+async def test_refused_credentials_are_logged_naming_the_settings(tmp_path: Path) -> None:
+    """A broker that refuses the login leaves the node fenced, counted and logging which settings to check."""
+    broker = Broker(tmp_path, anonymous=False)
+    broker.start()
+    try:
+        secret = tmp_path / "password"
+        secret.write_text("wrong\n")
+        service = CoordinationService(
+            settings(broker.port, tmp_path, username="nodeguard", passwordFile=str(secret)), "solo"
+        )
+        with capture_logs() as logs:
+            task = asyncio.create_task(service.run())
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if service.status()["broker"]["refused"]:
+                    break
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert service.status()["broker"]["refused"] >= 1
+        assert not service.status()["admitting"]
+        assert any("coordination.broker.username" in entry["event"] for entry in logs)
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize(
+    ("broker", "setting"),
+    [
+        ({"tls": {"caFile": "/nonexistent/ca.pem"}}, "coordination.broker.tls.caFile"),
+        (
+            {"tls": {"certFile": "/nonexistent/c.pem", "keyFile": "/nonexistent/k.pem"}},
+            "coordination.broker.tls.certFile",
+        ),
+        ({"passwordFile": "/nonexistent/password"}, "coordination.broker.passwordFile"),
+        ({"passwordEnv": "NODEGUARD_TEST_UNSET_VARIABLE"}, "coordination.broker.passwordEnv"),
+    ],
+)
+def test_bad_tls_files_and_credentials_stop_the_start(tmp_path: Path, broker: dict[str, Any], setting: str) -> None:
+    """Unreadable TLS files or password sources fail at construction with the setting named."""
+    with pytest.raises(CoordinationError, match=setting.replace(".", r"\.")):
+        CoordinationService(settings(1883, tmp_path, **broker), "solo")
+
+
+def test_runner_exits_with_the_setting_named(tmp_path: Path) -> None:
+    """The standalone runner reports a bad TLS file on stderr and exits 2 before connecting."""
+    config = coordination_config(1883, ["solo"], {SEM: 1}, tmp_path / "state")
+    config["broker"]["tls"] = {"caFile": str(tmp_path / "missing.pem")}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "nodeguard.coordination.node", "--config", str(path), "--node", "solo"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "coordination.broker.tls.caFile" in result.stderr
+
+
+def test_node_not_in_the_member_list_is_refused(tmp_path: Path) -> None:
+    """A node missing from coordination.nodes cannot take part, and says so."""
+    with pytest.raises(CoordinationError, match=r"coordination\.nodes"):
+        CoordinationService(settings(1883, tmp_path), "stranger")
+
+
+def test_a_connection_closed_before_connack_fails_at_once_not_after_the_connect_timeout() -> None:
+    """A listener that accepts and closes (a broker going down, a proxy with no upstream) is a failed attempt
+    right away, so reconnecting does not stall for the connect timeout."""
+    import socket
+    import threading
+
+    import aiomqtt
+
+    from nodeguard.coordination.mqtt_link import _Client
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def accept_and_close() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                conn.close()
+
+    threading.Thread(target=accept_and_close, daemon=True).start()
+
+    async def attempt() -> str:
+        client = _Client("127.0.0.1", server.getsockname()[1], timeout=600, protocol=aiomqtt.ProtocolVersion.V5)
+        with pytest.raises(aiomqtt.MqttError) as caught:
+            # Far below the 600 s connect timeout: only a failure on the closed socket ends it in time.
+            await asyncio.wait_for(client.__aenter__(), 30)
+        return str(caught.value)
+
+    try:
+        assert "closed before CONNACK" in asyncio.run(attempt())
+    finally:
+        server.close()
