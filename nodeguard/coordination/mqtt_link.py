@@ -232,7 +232,10 @@ class MqttLink:
         cancelled = False
         try:
             if self.subscriptions:
-                options = SubscribeOptions(qos=1)
+                # QoS 0 on purpose: a QoS 1 subscription in a resumed session delivers a backlog queued while
+                # offline, and mosquitto 2.0 can let newer messages (the barrier's echo) overtake it, so a node
+                # could rejoin before reading its own will. QoS 0 keeps nothing offline and goes out in order.
+                options = SubscribeOptions(qos=0)
                 await client.subscribe([(topic, options) for topic in self.subscriptions])
             log.info("connected to the MQTT broker", session_present=client.session_present, conn=self.conn)
             self.handler.on_connected(client.session_present)
@@ -271,6 +274,12 @@ class MqttLink:
             await asyncio.wait_for(client.__aexit__(None, None, None), timeout=2.0)
 
     # --- operations -----------------------------------------------------------------------
+
+    def reconnect(self) -> None:
+        """Leave the current connection (a clean DISCONNECT); the connection loop makes a new one."""
+        client = self._client
+        if client is not None:
+            client._client.disconnect()
 
     async def publish(self, topic: str, payload: bytes, *, retain: bool = False, expiry: int | None = None) -> int:
         """QoS 1; returns once the broker acknowledged it, with the connection it went on."""
@@ -319,7 +328,7 @@ class MqttLink:
         if client is None:
             raise LinkDown("not connected")
         try:
-            await client.subscribe(topic, qos=1)
+            await client.subscribe(topic, qos=0)
             await self.barrier(timeout)
             await client.unsubscribe(topic)
         except aiomqtt.MqttError as exc:

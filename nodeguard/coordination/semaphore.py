@@ -47,8 +47,9 @@ lease costs nothing.
 
 *Death and heirs.* The will (``gone/<node>``, retained, Will Delay) carries the
 epoch of the connection that died. The heir of node ``N`` is fixed: the next
-member after ``N`` in the sorted member list. On a will the heir re-reads
-``N``'s retained ledger from the broker (a fresh subscription and a barrier);
+member after ``N`` in the sorted member list. A will grace (``WILL_GRACE``)
+after the will, if its connection lasted that long, the heir re-reads ``N``'s
+retained ledger from the broker (a fresh subscription and a barrier);
 if that ledger is from the dead epoch or earlier, its allotment is ``N``'s
 estate and the heir adds it to its own, recording ``adopted[N] = ledger seq``
 (idempotent: a second will for the same ledger adopts nothing). A node that
@@ -90,7 +91,15 @@ messages:
 3. No holder past its lease. A node holds slots only while its lease is valid,
    and its lease ends before its will can be published, so an estate is never
    used by the heir while the dead (or cut-off) node still holds part of it.
-4. Broker restarts. Without persistence a restarted broker forgets retained
+4. Wills of live connections. mosquitto publishes every pending will as it
+   shuts down, while the connections are still up. A node that sees the will
+   of its own connection publishes nothing more on it (an heir reading later
+   could otherwise take an older ledger than the last one): it stops admitting
+   and rejoins on a new connection. Heirs read only after the will grace on a
+   connection that lasted through it, so wills of a broker going down are
+   never acted on; after the restart the nodes' question to their heirs finds
+   nothing adopted, and they keep their allotments.
+5. Broker restarts. Without persistence a restarted broker forgets retained
    messages and wills, so no will can be acted on for the old connections;
    nodes republish their ledgers from their persisted states. A node that was
    fenced and comes back to a broker without its session (possibly restarted)
@@ -105,11 +114,15 @@ machine a node distrusts it and continues from its retained ledger, as after a
 lost state dir (store.py).
 
 Assumptions: bounded clock-rate drift between node and broker; the broker
-honours Will Delay and Session Expiry >= Will Delay; it delivers retained
+honours Will Delay and Session Expiry >= Will Delay, and publishes the will of
+a live connection only as it shuts down, dropping every connection within the
+will grace; it delivers retained
 messages on subscribe and, on one connection, in the order it queued them (the
-barrier); it does not drop messages queued for a connected client (mosquitto:
-``max_queued_messages`` large enough), which the barrier's reads rely on; other
-lost messages only delay.
+barrier; the link subscribes with QoS 0, so that nothing queued while offline
+can be delivered out of order after a resumed session); it does not drop
+messages queued for a connected client (mosquitto: ``max_queued_messages``
+large enough), which the barrier's reads rely on; other lost messages only
+delay.
 
 Liveness limits (safety is unaffected): an estate waits for its heir, so if a
 node and its successor are both gone for good the first one's slots stay
@@ -130,6 +143,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+WILL_GRACE = 1.0  # seconds an heir waits after a will before reading the dead node's ledger
 
 
 class StateMismatch(ValueError):
@@ -381,7 +396,14 @@ class Node:
     """One node's side of the protocol."""
 
     def __init__(
-        self, name: str, cluster: Cluster, saved: Saved | None, *, lease_seconds: float, status_ttl: float
+        self,
+        name: str,
+        cluster: Cluster,
+        saved: Saved | None,
+        *,
+        lease_seconds: float,
+        status_ttl: float,
+        will_grace: float = WILL_GRACE,
     ) -> None:
         if name not in cluster.members:
             raise ValueError(f"{name!r} is not a member of the cluster")
@@ -390,6 +412,7 @@ class Node:
         self.heir = cluster.heir(name)
         self.lease_seconds = lease_seconds
         self.status_ttl = status_ttl
+        self.will_grace = will_grace
         self.state: Saved | None = None if saved is None else self._adapt(saved.copy())
         self.epoch = saved.epoch if saved is not None else 0
         self.phase = Phase.OFFLINE
@@ -410,7 +433,10 @@ class Node:
         self.wants_ledger = False  # a change others act on: publish soon
         self.ledger_stale = False  # only clean-up changed: publish with the next heartbeat
         self.wants_status = True
+        self.wants_sync = False  # re-read the broker's retained state (a barrier), then call synced()
+        self.wants_reconnect = False  # this connection saw its own will: leave it, rejoin on a new one
         self._reads: set[str] = set()
+        self._due_reads: dict[str, float] = {}  # dead node -> when its retained ledger is read (will grace)
         self._retract_after: dict[int, int] = {}  # grant id -> the dead recipient's ledger seq its heir must adopt
         self._fx = Effects()
         self._freed: dict[str, list[float]] = {s: [] for s in cluster.caps}
@@ -471,7 +497,9 @@ class Node:
 
     def disconnected(self, now: float) -> Effects:
         self.phase = Phase.OFFLINE
+        self.wants_sync = self.wants_reconnect = False
         self._reads.clear()
+        self._due_reads.clear()  # considered again once back online
         self.wants_status = True
         self._note("disconnected", lease_left=round(max(0.0, self.lease_until - now), 3))
         return self._take()
@@ -523,6 +551,11 @@ class Node:
     def tick(self, now: float) -> Effects:
         if not self.fenced and now >= self.lease_until:
             self._fence(now, "lease")
+        if self.phase is Phase.ONLINE:
+            for node, due in list(self._due_reads.items()):
+                if now >= due:
+                    del self._due_reads[node]
+                    self._reads.add(node)
         if self.phase is Phase.ONLINE and self.state is not None:
             for node in {g.to for g in self.state.grants.values()}:
                 self._reconcile(node, now)  # grants whose recipient moved on come back
@@ -577,13 +610,16 @@ class Node:
         if self.phase is not Phase.ONLINE:
             return self._take()
         if gone.node != self.name:
-            self._consider_gone(gone.node)
+            self._consider_gone(gone.node, now)
+        elif gone.epoch >= self.epoch:
+            self._will_of_this_connection(now)
         elif self.state is not None and gone.epoch > self.state.handled_will:
-            # A will of an earlier connection after this one started: not expected; rejoin.
+            # A will of an earlier connection: stop admitting now, and decide what the heir takes only from the
+            # broker's retained ledger after a barrier (our own last ledger may still be on its way back to us).
             self.counters["own_will_while_online"] += 1
             self._fence(now, "will")
             self.phase = Phase.SYNCING
-            return self.synced(now)
+            self.wants_sync = True
         return self._take()
 
     def stop(self, now: float) -> Effects:
@@ -594,6 +630,11 @@ class Node:
     @property
     def wants_reads(self) -> bool:
         return bool(self._reads)
+
+    @property
+    def next_read_at(self) -> float:
+        """When the next will grace ends (math.inf: none pending)."""
+        return min(self._due_reads.values(), default=math.inf)
 
     def take_reads(self) -> set[str]:
         """Nodes whose retained ledger must be re-read from the broker (after their will)."""
@@ -727,7 +768,22 @@ class Node:
         self.wants_persist = True
         self._go_online(now)
 
+    def _will_of_this_connection(self, now: float) -> None:
+        """The broker published the will of the connection we are on: it does so for live connections only as it
+        shuts down (mosquitto sends every pending will then). Nothing more may go out on this connection, or an
+        heir could take a ledger older than our last one: stop admitting and rejoin on a new connection, where
+        the retained will (if the broker kept it) or the heir (if it did not) says what was taken."""
+        self.counters["own_will_on_this_connection"] += 1
+        self._fence(now, "will")
+        self.phase = Phase.SYNCING
+        self.wants_sync = False
+        self.wants_reconnect = True
+        self._note("own will on this connection: rejoining on a new one", epoch=self.epoch)
+
     def _go_online(self, now: float) -> None:
+        if self.peers[self.name].gone >= self.epoch:
+            self._will_of_this_connection(now)
+            return
         self.phase = Phase.ONLINE
         st = self._st
         st.published = True
@@ -738,7 +794,7 @@ class Node:
         for node in self.peers:
             if node != self.name:
                 self._reconcile(node, now)
-                self._consider_gone(node)
+                self._consider_gone(node, now)
         self._settle_all(now)
 
     def _unfence(self, now: float) -> None:
@@ -769,13 +825,15 @@ class Node:
         assert self.state is not None
         return self.state
 
-    def _consider_gone(self, node: str) -> None:
+    def _consider_gone(self, node: str, now: float) -> None:
         peer = self.peers[node]
         if peer.gone <= peer.gone_done:
             return
         stake = self.cluster.heir(node) == self.name or any(g.to == node for g in self._st.grants.values())
         if stake:
-            self._reads.add(node)
+            # Read after the will grace, on a connection that lasted through it: a broker shutting down publishes
+            # the wills of live nodes and then drops every connection, so such wills are never acted on.
+            self._due_reads.setdefault(node, now + self.will_grace)
         else:
             peer.gone_done = peer.gone
 

@@ -288,6 +288,15 @@ class CoordinationService:
             else:
                 log.info(event, node=self.name, **fields)
         node = self.node
+        if node.wants_reconnect:
+            node.wants_reconnect = False
+            self.link.reconnect()
+        if node.wants_sync:
+            node.wants_sync = False
+            if self.link.connected:
+                if self._sync_task is not None:
+                    self._sync_task.cancel()
+                self._sync_task = asyncio.get_running_loop().create_task(self._sync(self.link.conn))
         if self._wake is not None and (
             node.wants_persist or node.wants_ledger or node.wants_status or node.wants_reads
         ):
@@ -396,7 +405,7 @@ class CoordinationService:
                 now >= self._next_heartbeat or (self.node.ledger_stale and now >= self._next_cleanup)
             ):
                 self._kick()
-            wake_at = min(self._next_heartbeat, now + CLEANUP_SECONDS)
+            wake_at = min(self._next_heartbeat, now + CLEANUP_SECONDS, self.node.next_read_at)
             if not self.node.fenced:
                 wake_at = min(wake_at, self.node.lease_until)
             await asyncio.sleep(max(0.005, wake_at - time.monotonic()))

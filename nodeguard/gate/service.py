@@ -418,6 +418,9 @@ class GateService:
 
     def slot_revoked(self, semaphore: str, slot: str) -> None:
         """The coordination service's ``on_revoke``."""
+        if self._stopping:
+            # The daemon stopping takes every slot back; its starting loads are persisted and ask again after a restart.
+            return
         name, _, seq = slot.rpartition("#")
         if seq.isdigit():
             self.table.slot_revoked(name, int(seq), time.monotonic())

@@ -81,15 +81,27 @@ def render(status: dict[str, Any]) -> Group:
     for state, count in sorted((gate.get("counts") or {}).items()):
         gate_table.add_row(str(state), str(count))
     parts: list[Any] = [Panel(head, title=f"nodeguard {status.get('version')}"), waterlines, throttles, gate_table]
-    semaphores = (status.get("coordination") or {}).get("semaphores") or {}
+    coordination = status.get("coordination") or {}
+    semaphores = coordination.get("semaphores") or {}
     if semaphores:
-        table = Table(title="cluster semaphores", expand=True)
-        for column in ("semaphore", "allotment", "held", "waiting"):
+        table = Table(title=f"cluster semaphores ({_link(coordination)})", expand=True)
+        for column in ("semaphore", "cap", "allotment", "held", "waiting", "admitted"):
             table.add_column(column)
         for name, s in sorted(semaphores.items()):
-            table.add_row(name, _fmt(s.get("allotment")), _fmt(s.get("held")), _fmt(s.get("waiting")))
+            table.add_row(name, *(_fmt(s.get(key)) for key in ("cap", "allotment", "held", "waiting", "admitted")))
         parts.append(table)
     return Group(*parts)
+
+
+def _link(coordination: dict[str, Any]) -> str:
+    """The broker connection and whether this node may hand out slots, in a few words."""
+    if coordination.get("connected"):
+        link = "[green]connected[/]"
+    else:
+        link = f"[red]broker lost {coordination.get('outageSeconds', 0):.0f} s ago[/]"
+    if coordination.get("admitting"):
+        return f"{link}, admitting"
+    return f"{link}, [red]not admitting: {coordination.get('fencedReason') or coordination.get('phase')}[/]"
 
 
 def show(listen: str, console: Console | None = None) -> None:

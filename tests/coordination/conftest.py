@@ -55,11 +55,12 @@ class Broker:
         )
         wait_listening(self.port)
 
-    def stop(self) -> None:
+    def stop(self, *, crash: bool = False) -> None:
+        """SIGTERM (mosquitto publishes every pending will as it shuts down), or SIGKILL: a crash."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
+            os.kill(self.proc.pid, signal.SIGKILL if crash else signal.SIGTERM)
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:

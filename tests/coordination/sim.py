@@ -9,9 +9,10 @@ enforces is the one the protocol relies on: a will is published no earlier than
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from nodeguard.coordination.semaphore import Cluster, Effects, Gone, Ledger, Node, Saved, Status
+from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Effects, Gone, Ledger, Node, Saved, Status
 
 LEASE = 10.0
 WILL_DELAY = 12.0
@@ -144,6 +145,15 @@ class Sim:
         sim.saved = node.snapshot()
         if not sim.connected:
             return
+        if node.wants_reconnect:
+            node.wants_reconnect = False
+            self.disconnect(name)
+            return
+        if node.wants_sync:  # a barrier: what was queued for it before now arrives first
+            node.wants_sync = False
+            self.deliver_all(name)
+            self._apply(sim, node.synced(self.now))
+            sim.saved = node.snapshot()
         if node.may_publish_ledger and sim.saved is not None and (node.wants_ledger or node.ledger_stale):
             node.wants_ledger = node.ledger_stale = False
             self._publish(sim, "ledger", sim.saved.ledger(name))
@@ -212,7 +222,19 @@ class Sim:
         if name not in self.wills and not self.nodes[name].connected:
             self.sessions.discard(name)
 
-    def restart_broker(self) -> None:
+    def restart_broker(self, *, fire_wills: bool = False) -> None:
+        """The broker restarts without persistence; stopped gracefully, mosquitto first publishes every pending
+        will, which the nodes still connected receive (their own included)."""
+        if fire_wills:
+            wills = [Gone(name, sim.conn_epoch) for name, sim in self.nodes.items() if sim.connected]
+            wills += [Gone(name, epoch) for name, epoch in self.wills.items() if not self.nodes[name].connected]
+            for name, sim in self.nodes.items():
+                if sim.connected and sim.node is not None:
+                    for gone in wills:
+                        self._deliver_to(name, gone)
+            for name in self.nodes:  # what the nodes do before the connections close: publish, read, barriers
+                self.flush(name)
+            self.log.append(f"{self.now:.1f} broker shutdown fired wills {[(g.node, g.epoch) for g in wills]}")
         for name in self.nodes:
             self.disconnect(name)
         self.retained.clear()
@@ -253,7 +275,8 @@ class Sim:
     # --- driving to quiescence ----------------------------------------------------------------
 
     def settle(self, rounds: int = 30) -> None:
-        """Everyone connected and alive, every message delivered in order, until nothing moves."""
+        """Everyone connected and alive, every message delivered in order, until nothing moves (time passes
+        only for the heirs' will grace)."""
         for _ in range(rounds):
             for name in self.nodes:
                 self.connect(name)
@@ -265,4 +288,7 @@ class Sim:
                     moved = True
                     self._deliver_to(name, q.pop(0))
             if not moved:
-                return
+                due = [s.node.next_read_at for s in self.nodes.values() if s.node is not None]
+                if min(due, default=math.inf) == math.inf:
+                    return
+                self.advance(WILL_GRACE)

@@ -127,13 +127,13 @@ def test_killed_node_slots_come_back_after_its_will_and_it_rejoins_without_them(
     cluster.check_cap()
 
 
-def test_broker_restart_never_overshoots_and_everything_recovers(cluster: Cluster) -> None:
-    """With the broker stopped, nodes keep admitting within their allotments; after it restarts all loads run."""
+def test_broker_crash_keeps_local_admission_and_everything_recovers(cluster: Cluster) -> None:
+    """With the broker crashed, nodes keep admitting within their allotments; after it restarts all loads run."""
     for node in cluster.nodes.values():
         node.burst(1, 0.1, SEM)
     cluster.wait_done(10)
     time.sleep(0.3)  # no grant in flight: every slot is some node's (one in flight would wait for the broker)
-    cluster.broker.stop()
+    cluster.broker.stop(crash=True)
     stopped = time.monotonic()
     for node in cluster.nodes.values():
         node.burst(2, 0.2, SEM)
@@ -158,6 +158,31 @@ def test_broker_restart_never_overshoots_and_everything_recovers(cluster: Cluste
     cluster.wait_admitting()
     connects = {name: n.status()["broker"]["connects"] for name, n in cluster.nodes.items()}
     assert all(count >= 2 for count in connects.values()), (connects, cluster.logs())
+
+
+def test_wills_fired_by_a_broker_shutdown_are_not_acted_on(cluster: Cluster) -> None:
+    """A broker stopped gracefully publishes the will of every live node: nodes that see their own stop admitting and
+    rejoin on a new connection, no heir adopts anything, and after the restart every load runs within the cap."""
+    for node in cluster.nodes.values():
+        node.burst(1, 0.1, SEM)
+    cluster.wait_done(10)
+    time.sleep(0.3)
+    cluster.broker.stop()
+    for node in cluster.nodes.values():
+        node.burst(2, 0.2, SEM)
+    time.sleep(0.5)
+    cluster.broker.start()
+    cluster.wait_done(30, timeout=40)
+    cluster.check_cap()
+    counters = {name: n.status()["counters"] for name, n in cluster.nodes.items()}
+    assert any(c.get("own_will_on_this_connection") for c in counters.values()), "no node saw its will at shutdown"
+    assert not any(c.get("adoptions") or c.get("rollbacks") for c in counters.values()), counters
+
+    def settled() -> bool:  # every slot back in some node's allotment: none lost
+        sems = [n.status()["semaphores"][SEM] for n in cluster.nodes.values()]
+        return sum(s["allotment"] for s in sems) == CAP and not any(s["grantsOut"] for s in sems)
+
+    wait_until(settled, 10, "all slots in allotments", detail=cluster.logs)
 
 
 def test_cut_off_node_fences_and_the_cap_holds(cluster: Cluster) -> None:

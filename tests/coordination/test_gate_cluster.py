@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -112,7 +114,10 @@ def test_servers_on_three_nodes_never_start_more_than_the_cluster_cap(cluster: C
         cwd=REPO, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert view.returncode == 0, view.stderr
-    assert "cluster semaphores" in view.stdout and "prepare" in view.stdout
+    assert "cluster semaphores (connected, admitting)" in view.stdout
+    row = next(line for line in view.stdout.splitlines() if "prepare" in line)
+    cells = [cell.strip() for cell in re.split(r"[│┃|]", row) if cell.strip()]
+    assert cells[:2] == ["prepare", "2"] and cells[3:] == ["0", "0", "4"], row  # cap, allotment, held, waiting, admitted
 
 
 def test_unknown_semaphore_is_refused_by_name(cluster: ClusterGates) -> None:
@@ -150,3 +155,39 @@ def test_a_node_cut_off_the_broker_fails_its_starting_load_and_the_others_take_t
     cluster.proxy.heal()
     wait_until(lambda: cluster.admitting("c"), 20, "c admitting again")
     assert cluster.coordination("c")["counters"].get("rollbacks", 0) == 1
+
+
+def test_a_restarted_daemon_claims_the_slot_of_its_starting_load_before_any_new_load(cluster: ClusterGates) -> None:
+    """A starting load outlives a daemon restart: it gets its cluster slot back first, and a newer load waits behind it."""
+    a = cluster.gates["a"]
+    notify = {"type": "notify"}
+    # Take every slot of the cap on node a, so that a's allotment is exactly what its own loads hold.
+    session = Session(a.socket)
+    try:
+        for i in range(CAP):
+            request = {"op": "submit", "name": f"long{i}", "semaphore": "prepare", "readiness": notify, "detach": True}
+            assert session.request(request)["ok"]
+        for i in range(CAP):
+            a.wait_state(f"long{i}", "starting", timeout=20)
+    finally:
+        session.close()
+    a.daemon.signal(signal.SIGTERM)
+    assert a.daemon.wait(10) == 0
+    a.start()
+    wait_until(lambda: cluster.admitting("a"), 20, "a admitting after its restart")
+    for i in range(CAP):
+        load = a.wait_state(f"long{i}", "starting")
+        assert load.get("restored") and load["clusterSlot"] in ("waiting", "held"), load
+    wait_until(
+        lambda: all((a.load(f"long{i}") or {}).get("clusterSlot") == "held" for i in range(CAP)), 20, "slots back"
+    )
+    newer = Session(a.socket)
+    try:
+        request = {"op": "submit", "name": "newer", "semaphore": "prepare", "readiness": notify, "detach": True}
+        assert newer.request(request)["ok"]
+        time.sleep(1.0)  # time enough for a wrong admission to show
+        assert a.load("newer")["state"] == "pending"  # type: ignore[index]
+        assert a.request({"op": "ready", "name": "long0"})["ok"]
+        a.wait_state("newer", "starting", timeout=10)
+    finally:
+        newer.close()

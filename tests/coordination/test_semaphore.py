@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from nodeguard.coordination.semaphore import Cluster, Grant, Ledger, Node, Phase, StateMismatch, water_fill
+from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Grant, Ledger, Node, Phase, StateMismatch, water_fill
 from tests.coordination.sim import LEASE, WILL_DELAY, Sim
 
 
@@ -164,6 +164,7 @@ def test_a_second_will_for_the_same_ledger_adopts_nothing() -> None:
     sim.disconnect("a")
     assert sim.fire_will("a", wait=True)
     sim.pump()
+    sim.advance(WILL_GRACE)  # the heir reads the estate once the will grace is over
     sim.pump()
     assert allot(sim, "b") == 2
     assert sum(allot(sim, n) for n in "abc") == 3
@@ -176,6 +177,7 @@ def test_fenced_node_back_on_a_restarted_broker_waits_for_its_heir() -> None:
     sim.disconnect("a")
     assert sim.fire_will("a", wait=True)
     sim.pump()
+    sim.advance(WILL_GRACE)  # the heir reads the estate once the will grace is over
     sim.pump()
     assert allot(sim, "b") == 2
     sim.restart_broker()  # the will and every retained message are gone
@@ -250,6 +252,7 @@ def test_a_pending_question_to_the_heir_survives_a_reconnect() -> None:
     sim.disconnect("a")
     assert sim.fire_will("a", wait=True)
     sim.pump()
+    sim.advance(WILL_GRACE)  # the heir reads the estate once the will grace is over
     sim.pump()
     assert allot(sim, "b") == 2
     sim.restart_broker()  # b stays away for now
@@ -271,6 +274,7 @@ def test_a_crash_before_the_question_is_written_down_does_not_skip_it() -> None:
     sim.disconnect("a")
     assert sim.fire_will("a", wait=True)
     sim.pump()
+    sim.advance(WILL_GRACE)  # the heir reads the estate once the will grace is over
     sim.pump()
     sim.restart_broker()  # b stays away for now
     sim.connect("a")  # waits for b ...
@@ -282,3 +286,24 @@ def test_a_crash_before_the_question_is_written_down_does_not_skip_it() -> None:
     assert held(sim)["a"] == 0
     sim.settle()
     assert sum(allot(sim, n) for n in "abc") == 3
+
+
+def test_wills_a_shutting_down_broker_fires_are_never_acted_on() -> None:
+    """mosquitto publishes every pending will as it stops: live nodes stop admitting and rejoin on a new connection,
+    heirs adopt nothing, and after the restart every slot is back where it was."""
+    sim = cluster3()
+    for name in "abc":
+        sim.request(name, "p")
+    before = {name: allot(sim, name) for name in "abc"}
+    sim.restart_broker(fire_wills=True)
+    for name in "abc":
+        node = sim.nodes[name].node
+        assert node is not None and node.fenced and node.counters["own_will_on_this_connection"] == 1
+        assert node.counters["adoptions"] == 0 and node.counters["rollbacks"] == 0
+    assert held(sim) == {"a": 0, "b": 0, "c": 0}
+    sim.settle()
+    assert {name: allot(sim, name) for name in "abc"} == before
+    for name in "abc":
+        sim.request(name, "p")
+    sim.settle()
+    assert sum(held(sim).values()) == 3
