@@ -73,7 +73,10 @@ class CoordinationSettings(Model):
         20.0, gt=0, description="admission continues this long without the broker; must end before the will"
     )
     heartbeat_seconds: float | None = Field(None, gt=0, description="status publication period (default lease/4)")
-    state_dir: str = Field("/var/lib/nodeguard", description="where the node's allotments persist")
+    state_dir: str = Field(
+        "/run/nodeguard",
+        description="where the node's allotments persist: it must outlive the process, not a reboot (tmpfs is best)",
+    )
     broker: BrokerSettings = BrokerSettings()
 
     @field_validator("cluster")

@@ -5,7 +5,10 @@ the allotment), which the page cache does; it need not survive a crash of the
 machine: the file records the kernel's boot id, and after a reboot the node
 distrusts it and continues from its retained ledger on the broker, which holds
 everything any other node can have acted on. So there is no fsync on the path
-of a grant; where there is no boot id, every write is fsync'd instead.
+of a grant; where there is no boot id, every write is fsync'd instead. Its home
+is a tmpfs (``/run/nodeguard`` by default): on a disk file system the rename
+that replaces the file can cost a millisecond (ext4 flushes the data of a file
+renamed over another), on the path of every grant.
 """
 
 from __future__ import annotations
