@@ -102,7 +102,9 @@ class Node:
                 "guard": {"objectives": [{
                     "metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
                     "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.4, 3),
-                }], "restoreStepPercent": 25, "targetMarginPercent": 2},
+                # A throttle aims 4 % of the node under the waterline: what the daemon, this test and the rest of
+                # the machine add between two ticks must not put the node back over it (2 % was seen to fall short).
+                }], "restoreStepPercent": 25, "targetMarginPercent": 4},
                 "actuation": {"ledgerPath": str(ledger)},
                 "http": {"enabled": False},
                 "gate": {"enabled": False},
