@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeguard.coordination.semaphore import Saved
-from nodeguard.coordination.topics import Malformed, decode_ledger, encode_ledger
+from nodeguard.coordination.topics import Malformed, decode_ledger, ledger_object
 from nodeguard.log import get_logger
 
 log = get_logger("nodeguard.coordination")
@@ -41,14 +41,14 @@ def encode_saved(node: str, saved: Saved, boot: str | None = None) -> bytes:
         "format": FORMAT,
         "node": node,
         "bootId": boot,
-        "ledger": json.loads(encode_ledger(saved.ledger(node))),
+        "ledger": ledger_object(saved.ledger(node)),
         "nextGrant": saved.next_grant,
         "handledWill": saved.handled_will,
         "lostUpTo": saved.lost_up_to,
         "published": saved.published,
         "awaitHeir": saved.await_heir,
     }
-    return json.dumps(doc, sort_keys=True, indent=1).encode()
+    return json.dumps(doc, separators=(",", ":")).encode()  # on the path of every grant: compact
 
 
 def decode_saved(node: str, data: bytes) -> Saved:
@@ -110,9 +110,13 @@ class StateStore:
 
     def save(self, saved: Saved) -> None:
         """Write and rename: after a crash of the process the old or the new state is there, whole."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        try:
+            fd = os.open(tmp, flags, 0o600)
+        except FileNotFoundError:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, flags, 0o600)
         try:
             os.write(fd, encode_saved(self.node, saved, self.boot))
             if self.boot is None:

@@ -83,23 +83,26 @@ def _dump(obj: Mapping[str, Any]) -> bytes:
 
 
 def encode_ledger(ledger: Ledger) -> bytes:
-    return _dump(
-        {
-            "v": VERSION,
-            "kind": "ledger",
-            "node": ledger.node,
-            "seq": ledger.seq,
-            "epoch": ledger.epoch,
-            "fps": dict(ledger.fps),
-            "allot": dict(ledger.allot),
-            "grants": [
-                {"id": g.id, "sem": g.sem, "to": g.to, "epoch": g.epoch, "n": g.n, "seq": g.seq} for g in ledger.grants
-            ],
-            "applied": {donor: sorted(ids) for donor, ids in ledger.applied.items()},
-            "adopted": dict(ledger.adopted),
-            "lost": [{"seq": lost.seq, "allot": dict(lost.allot)} for lost in ledger.lost],
-        }
-    )
+    return _dump(ledger_object(ledger))
+
+
+def ledger_object(ledger: Ledger) -> dict[str, Any]:
+    """The ledger as the JSON object ``encode_ledger`` writes (and the node's state file embeds)."""
+    return {
+        "v": VERSION,
+        "kind": "ledger",
+        "node": ledger.node,
+        "seq": ledger.seq,
+        "epoch": ledger.epoch,
+        "fps": dict(ledger.fps),
+        "allot": dict(ledger.allot),
+        "grants": [
+            {"id": g.id, "sem": g.sem, "to": g.to, "epoch": g.epoch, "n": g.n, "seq": g.seq} for g in ledger.grants
+        ],
+        "applied": {donor: sorted(ids) for donor, ids in ledger.applied.items()},
+        "adopted": dict(ledger.adopted),
+        "lost": [{"seq": lost.seq, "allot": dict(lost.allot)} for lost in ledger.lost],
+    }
 
 
 def encode_status(status: Status) -> bytes:
