@@ -239,6 +239,22 @@ class Saved:
     published: bool = False  # a ledger of this state may be on the broker
     await_heir: bool = False  # back on a broker that may have lost a will: ask the heir before admitting
 
+    @classmethod
+    def from_ledger(cls, ledger: Ledger, *, epoch: int, next_grant: int, **extra: Any) -> Saved:
+        """A state continuing from ``ledger`` (this node's own, read back from the broker or the state file)."""
+        return cls(
+            seq=ledger.seq,
+            epoch=epoch,
+            fps=dict(ledger.fps),
+            allot=dict(ledger.allot),
+            grants={g.id: g for g in ledger.grants},
+            applied={d: set(ids) for d, ids in ledger.applied.items()},
+            adopted=dict(ledger.adopted),
+            lost=list(ledger.lost),
+            next_grant=next_grant,
+            **extra,
+        )
+
     def copy(self) -> Saved:
         return Saved(
             seq=self.seq,
@@ -715,18 +731,8 @@ class Node:
             self.wants_persist = True
             return self.cluster.genesis(self.name, self.epoch)
         self._note("recovered from the broker", seq=own.seq)
-        saved = Saved(
-            seq=own.seq,
-            epoch=self.epoch,
-            fps=dict(own.fps),
-            allot=dict(own.allot),
-            grants={g.id: g for g in own.grants},
-            applied={d: set(ids) for d, ids in own.applied.items()},
-            adopted=dict(own.adopted),
-            lost=list(own.lost),
-            next_grant=max([self.epoch << 20, *(g.id + 1 for g in own.grants)]),
-            published=True,
-        )
+        next_grant = max([self.epoch << 20, *(g.id + 1 for g in own.grants)])
+        saved = Saved.from_ledger(own, epoch=self.epoch, next_grant=next_grant, published=True)
         self.wants_persist = True
         return self._adapt(saved)
 

@@ -62,15 +62,9 @@ def decode_saved(node: str, data: bytes) -> Saved:
     extras = [doc.get(k) for k in ("nextGrant", "handledWill", "lostUpTo")]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in extras):
         raise Malformed("nextGrant, handledWill, lostUpTo: expected integers")
-    return Saved(
-        seq=ledger.seq,
+    return Saved.from_ledger(
+        ledger,
         epoch=ledger.epoch,
-        fps=dict(ledger.fps),
-        allot=dict(ledger.allot),
-        grants={g.id: g for g in ledger.grants},
-        applied={d: set(ids) for d, ids in ledger.applied.items()},
-        adopted=dict(ledger.adopted),
-        lost=list(ledger.lost),
         next_grant=int(doc["nextGrant"]),
         handled_will=int(doc["handledWill"]),
         lost_up_to=int(doc["lostUpTo"]),

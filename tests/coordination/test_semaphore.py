@@ -26,6 +26,21 @@ def allot(sim: Sim, name: str, sem: str = "p") -> int:
     return node.state.allot[sem]
 
 
+def heir_reads(sim: Sim) -> None:
+    """Messages flow, and the heir reads the estate once the will grace is over."""
+    sim.pump()
+    sim.advance(WILL_GRACE)
+    sim.pump()
+
+
+def cut_off_and_inherited(sim: Sim) -> None:
+    """``a`` holds a slot, loses the broker, and its will lets its heir ``b`` adopt its allotment."""
+    sim.request("a", "p")
+    sim.disconnect("a")
+    assert sim.fire_will("a", wait=True)
+    heir_reads(sim)
+
+
 def test_genesis_split_sums_to_each_cap() -> None:
     """The genesis allotments of all members add up to exactly each cap."""
     cluster = Cluster(tuple(f"n{i}" for i in range(7)), {"prepare": 8, "backup": 3, "none": 0, "big": 100})
@@ -163,9 +178,7 @@ def test_a_second_will_for_the_same_ledger_adopts_nothing() -> None:
     sim.connect("a")  # back, then gone again at once: nothing new published in between
     sim.disconnect("a")
     assert sim.fire_will("a", wait=True)
-    sim.pump()
-    sim.advance(WILL_GRACE)  # the heir reads the estate once the will grace is over
-    sim.pump()
+    heir_reads(sim)
     assert allot(sim, "b") == 2
     assert sum(allot(sim, n) for n in "abc") == 3
 
@@ -173,12 +186,7 @@ def test_a_second_will_for_the_same_ledger_adopts_nothing() -> None:
 def test_fenced_node_back_on_a_restarted_broker_waits_for_its_heir() -> None:
     """After a broker restart lost a will already acted on, the returning node learns it from its heir."""
     sim = cluster3()
-    sim.request("a", "p")
-    sim.disconnect("a")
-    assert sim.fire_will("a", wait=True)
-    sim.pump()
-    sim.advance(WILL_GRACE)  # the heir reads the estate once the will grace is over
-    sim.pump()
+    cut_off_and_inherited(sim)
     assert allot(sim, "b") == 2
     sim.restart_broker()  # the will and every retained message are gone
     sim.connect("a")
@@ -248,12 +256,7 @@ def test_will_cannot_fire_before_lease_has_run_out() -> None:
 def test_a_pending_question_to_the_heir_survives_a_reconnect() -> None:
     """A node waiting for its heir after a broker restart still waits after reconnecting with a session."""
     sim = cluster3()
-    sim.request("a", "p")
-    sim.disconnect("a")
-    assert sim.fire_will("a", wait=True)
-    sim.pump()
-    sim.advance(WILL_GRACE)  # the heir reads the estate once the will grace is over
-    sim.pump()
+    cut_off_and_inherited(sim)
     assert allot(sim, "b") == 2
     sim.restart_broker()  # b stays away for now
     sim.connect("a")
@@ -270,12 +273,7 @@ def test_a_pending_question_to_the_heir_survives_a_reconnect() -> None:
 def test_a_crash_before_the_question_is_written_down_does_not_skip_it() -> None:
     """A node that crashes while waiting for its heir asks again after restarting, though its session survived."""
     sim = cluster3()
-    sim.request("a", "p")
-    sim.disconnect("a")
-    assert sim.fire_will("a", wait=True)
-    sim.pump()
-    sim.advance(WILL_GRACE)  # the heir reads the estate once the will grace is over
-    sim.pump()
+    cut_off_and_inherited(sim)
     sim.restart_broker()  # b stays away for now
     sim.connect("a")  # waits for b ...
     sim.crash("a")  # ... and dies before writing anything after connecting
