@@ -1,4 +1,4 @@
-"""Real daemons (`nodeguard run`) gating real servers through one cluster semaphore over a real mosquitto."""
+"""Ten real daemons (`nodeguard run`) gating real servers through one cluster semaphore over a real mosquitto."""
 
 from __future__ import annotations
 
@@ -20,13 +20,14 @@ from tests.coordination.harness import TIMINGS, CuttableProxy, coordination_conf
 from tests.gate.helpers import REPO, SLOW_SERVER, Gate, Session, free_port, wait_until
 from tests.gate.test_gate_e2e import max_overlap, read_records
 
-NODES = ["a", "b", "c"]
-CAP = 2
-LOADS_PER_NODE = 4
+NODES = [f"node{i}" for i in range(10)]
+FIRST, CUT = NODES[0], NODES[5]  # CUT reaches the broker through a proxy the test can cut
+CAP = 3
+LOADS_PER_NODE = 2
 
 
 class ClusterGates:
-    """One daemon per node, each with its own gate socket, state and HTTP port; node ``c`` behind a proxy."""
+    """One daemon per node, each with its own gate socket, state and HTTP port; node ``CUT`` behind a proxy."""
 
     def __init__(self, broker: Broker, tmp: Path) -> None:
         self.proxy = CuttableProxy(broker.port)
@@ -35,8 +36,8 @@ class ClusterGates:
         for name in NODES:
             home = tmp / name
             (home / "run").mkdir(parents=True)
-            gate = Gate(home, {"maxStarting": LOADS_PER_NODE, "maxStartingPerCore": None})
-            port = self.proxy.port if name == "c" else broker.port
+            gate = Gate(home, {"maxStarting": 8, "maxStartingPerCore": None})  # the cluster cap is what binds
+            port = self.proxy.port if name == CUT else broker.port
             coordination = coordination_config(port, NODES, {"prepare": CAP}, home / "state")
             self.http[name] = f"127.0.0.1:{free_port()}"
             gate.config["global"]["coordination"] = {**coordination, "nodeName": name}
@@ -76,8 +77,8 @@ def cluster(broker: Broker, tmp_path: Path) -> Iterator[ClusterGates]:
         gates.close()
 
 
-def test_servers_on_three_nodes_never_start_more_than_the_cluster_cap(cluster: ClusterGates, tmp_path: Path) -> None:
-    """Twelve real servers through `nodeguard gate --semaphore` on three daemons: at most two start at once in the cluster, and all become ready."""
+def test_servers_on_ten_nodes_never_start_more_than_the_cluster_cap(cluster: ClusterGates, tmp_path: Path) -> None:
+    """Twenty real servers through `nodeguard gate --semaphore` on ten daemons: at most three start at once in the cluster, and all become ready."""
     log = tmp_path / "servers.log"
     for name, gate in cluster.gates.items():
         for i in range(LOADS_PER_NODE):
@@ -102,46 +103,51 @@ def test_servers_on_three_nodes_never_start_more_than_the_cluster_cap(cluster: C
     assert sum(cluster.coordination(n)["semaphores"]["prepare"]["allotment"] for n in NODES) == CAP
 
     # The operator's view of the same: metrics, and the terminal status.
-    with urllib.request.urlopen(f"http://{cluster.http['a']}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://{cluster.http[FIRST]}/metrics", timeout=5) as response:
         metrics = response.read().decode()
-    assert 'nodeguard_semaphore_admissions_total{semaphore="prepare"} 4.0' in metrics
-    assert 'nodeguard_semaphore_cap{semaphore="prepare"} 2.0' in metrics
+    assert f'nodeguard_semaphore_admissions_total{{semaphore="prepare"}} {LOADS_PER_NODE}.0' in metrics
+    assert f'nodeguard_semaphore_cap{{semaphore="prepare"}} {CAP}.0' in metrics
     assert 'nodeguard_semaphore_held{semaphore="prepare"} 0.0' in metrics
     assert "nodeguard_mqtt_connected 1.0" in metrics
     assert "nodeguard_mqtt_messages_rejected_total 0.0" in metrics
     view = subprocess.run(
-        [sys.executable, "-m", "nodeguard", "status", "--config", str(cluster.gates["a"].daemon.config_path)],
+        [sys.executable, "-m", "nodeguard", "status", "--config", str(cluster.gates[FIRST].daemon.config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert view.returncode == 0, view.stderr
     assert "cluster semaphores (connected, admitting)" in view.stdout
     row = next(line for line in view.stdout.splitlines() if "prepare" in line)
     cells = [cell.strip() for cell in re.split(r"[│┃|]", row) if cell.strip()]
-    assert cells[:2] == ["prepare", "2"] and cells[3:] == ["0", "0", "4"], row  # cap, allotment, held, waiting, admitted
+    # cap, allotment, held, waiting, admitted
+    assert cells[:2] == ["prepare", str(CAP)] and cells[3:] == ["0", "0", str(LOADS_PER_NODE)], row
 
 
 def test_unknown_semaphore_is_refused_by_name(cluster: ClusterGates) -> None:
     """A submit naming a semaphore the cluster does not configure is refused, and the gate keeps serving."""
-    response = cluster.gates["a"].request({"op": "submit", "name": "x", "semaphore": "backup"})
+    response = cluster.gates[FIRST].request({"op": "submit", "name": "x", "semaphore": "backup"})
     assert response["ok"] is False
     assert response["error"]["code"] == "unknown_semaphore"
     assert "'backup'" in response["error"]["message"] and "prepare" in response["error"]["message"]
-    assert cluster.gates["a"].request({"op": "ping"})["ok"]
+    assert cluster.gates[FIRST].request({"op": "ping"})["ok"]
 
 
 def test_a_node_cut_off_the_broker_fails_its_starting_load_and_the_others_take_the_slot(cluster: ClusterGates) -> None:
     """Past its lease a cut-off node revokes its cluster slot (its starting load fails); after its will the slot serves another node."""
-    c, a = cluster.gates["c"], cluster.gates["a"]
+    c, a = cluster.gates[CUT], cluster.gates[FIRST]
     notify = {"type": "notify"}
-    first = c.request({"op": "submit", "name": "slow", "semaphore": "prepare", "readiness": notify, "detach": True})
-    assert first["ok"], first
-    c.wait_state("slow", "starting")
+    submitter = Session(c.socket)  # until admitted (it may wait for a grant), the load lives with this connection
+    try:
+        request = {"op": "submit", "name": "slow", "semaphore": "prepare", "readiness": notify, "detach": True}
+        assert submitter.request(request)["ok"]
+        c.wait_state("slow", "starting")
+    finally:
+        submitter.close()
     cluster.proxy.cut()
     cut_at = time.monotonic()
     failed = c.wait_state("slow", "failed", timeout=TIMINGS["leaseSeconds"] + 5)
     assert "revoked" in failed["reason"]
     assert time.monotonic() - cut_at >= TIMINGS["leaseSeconds"] - 1.0  # not before its lease ran out
-    # Both slots of the cap are usable by the connected nodes once the heir adopted c's allotment.
+    # Every slot of the cap is usable by the connected nodes once the heir adopted the cut node's allotment.
     session = Session(a.socket)  # a load waiting for admission lives as long as its client's connection
     try:
         for i in range(CAP):
@@ -153,13 +159,13 @@ def test_a_node_cut_off_the_broker_fails_its_starting_load_and_the_others_take_t
     finally:
         session.close()
     cluster.proxy.heal()
-    wait_until(lambda: cluster.admitting("c"), 20, "c admitting again")
-    assert cluster.coordination("c")["counters"].get("rollbacks", 0) == 1
+    wait_until(lambda: cluster.admitting(CUT), 20, "the cut node admitting again")
+    assert cluster.coordination(CUT)["counters"].get("rollbacks", 0) == 1
 
 
 def test_a_restarted_daemon_claims_the_slot_of_its_starting_load_before_any_new_load(cluster: ClusterGates) -> None:
     """A starting load outlives a daemon restart: it gets its cluster slot back first, and a newer load waits behind it."""
-    a = cluster.gates["a"]
+    a = cluster.gates[FIRST]
     notify = {"type": "notify"}
     # Take every slot of the cap on node a, so that a's allotment is exactly what its own loads hold.
     session = Session(a.socket)
@@ -174,7 +180,7 @@ def test_a_restarted_daemon_claims_the_slot_of_its_starting_load_before_any_new_
     a.daemon.signal(signal.SIGTERM)
     assert a.daemon.wait(10) == 0
     a.start()
-    wait_until(lambda: cluster.admitting("a"), 20, "a admitting after its restart")
+    wait_until(lambda: cluster.admitting(FIRST), 20, "the restarted node admitting")
     for i in range(CAP):
         load = a.wait_state(f"long{i}", "starting")
         assert load.get("restored") and load["clusterSlot"] in ("waiting", "held"), load

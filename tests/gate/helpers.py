@@ -128,7 +128,10 @@ class Gate:
             load = self.load(name)
             return load if load is not None and load["state"] == state else None
 
-        return dict(wait_until(reached, timeout, f"load {name} to be {state}; status: {self._brief()}"))
+        try:
+            return dict(wait_until(reached, timeout, f"load {name} to be {state}"))
+        except AssertionError as exc:  # with the status at the end of the wait, not at its start
+            raise AssertionError(f"{exc}; status: {self._brief()}") from None
 
     def _brief(self) -> str:
         with contextlib.suppress(Exception):
