@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.coordination.conftest import Broker
-from tests.coordination.harness import TIMINGS, CuttableProxy, coordination_config
+from tests.coordination.harness import TIMINGS, CuttableProxy, WireAuditor, coordination_config
 from tests.gate.helpers import REPO, SLOW_SERVER, Gate, Session, free_port, wait_until
 from tests.gate.test_gate_e2e import max_overlap, read_records
 
@@ -31,6 +31,7 @@ class ClusterGates:
 
     def __init__(self, broker: Broker, tmp: Path) -> None:
         self.proxy = CuttableProxy(broker.port)
+        self.wire = WireAuditor(broker.port, NODES, {"prepare": CAP})  # an independent subscriber to the broker
         self.gates: dict[str, Gate] = {}
         self.http: dict[str, str] = {}
         for name in NODES:
@@ -64,6 +65,7 @@ class ClusterGates:
         for gate in self.gates.values():
             gate.stop()
         self.proxy.close()
+        self.wire.close()
 
 
 @pytest.fixture
@@ -97,6 +99,8 @@ def test_servers_on_ten_nodes_never_start_more_than_the_cluster_cap(cluster: Clu
     records = read_records(log)
     assert len(records) == total
     assert max_overlap([(r["start"], r["ready"]) for r in records.values()]) == CAP
+    assert not cluster.wire.violations and not cluster.wire.malformed, cluster.wire.violations[:1]
+    assert cluster.wire.max_total["prepare"] == CAP  # the ledgers on the wire account for every slot, never more
     for name in NODES:
         sem = cluster.coordination(name)["semaphores"]["prepare"]
         assert sem["admitted"] == LOADS_PER_NODE and sem["held"] == 0 and sem["waiting"] == 0, (name, sem)
