@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -114,7 +115,6 @@ class Daemon:
         self.gate = GateService(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
         )
-        self.coordination.on_revoke = self.gate.slot_revoked
         self.state = GuardState()
         self.last_plan: Plan | None = None
         self.last_snapshot: Snapshot | None = None
@@ -174,14 +174,15 @@ class Daemon:
             # Start the next rate window after the writes: a window that began
             # before them would show part of the old usage and over-throttle.
             self.sensor.sense()
-        log.debug(
-            "tick",
-            readings={str(m): v for m, v in plan.readings.items() if v is not None},
-            throttle_down={str(m): v for m, v in plan.gaps.throttle_down.items()},
-            throttle_up={str(m): v for m, v in plan.gaps.throttle_up.items()},
-            actions=len(plan.actions),
-            blocked=[f"{b.metric}/{b.direction}: {b.cause}" for b in plan.blocked],
-        )
+        if log.is_enabled_for(logging.DEBUG):  # the fields cost building every tick; only at debug level
+            log.debug(
+                "tick",
+                readings={str(m): v for m, v in plan.readings.items() if v is not None},
+                throttle_down={str(m): v for m, v in plan.gaps.throttle_down.items()},
+                throttle_up={str(m): v for m, v in plan.gaps.throttle_up.items()},
+                actions=len(plan.actions),
+                blocked=[f"{b.metric}/{b.direction}: {b.cause}" for b in plan.blocked],
+            )
         self.last_snapshot, self.last_plan = snapshot, plan
         self.stats.ticks += 1
         self.stats.last_success = time.monotonic()

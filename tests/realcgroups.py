@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from nodeguard.surfaces.demo import remove_cgroup_dir
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BUSY_LOOP = "while True: pass"
@@ -67,22 +67,8 @@ def remove_cgroup(path: Path) -> None:
     with contextlib.suppress(OSError):
         if kill_file.exists():
             kill_file.write_text("1")
-    for _ in range(200):
-        try:
-            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
-        except OSError:
-            pids = []
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.01)
-    path.rmdir()
+    if not remove_cgroup_dir(path):
+        path.rmdir()  # raises what keeps it
 
 
 @contextlib.contextmanager

@@ -3,9 +3,12 @@
 ``acquire(semaphore, load)`` returns once this node holds a cluster slot for the
 load; cancelling it never leaks a slot. ``release`` gives it back. A slot can
 also be *revoked* (the node lost the broker for longer than its lease): the
-``on_revoke`` callback hears of it. ``run()`` is one task of the daemon's
-TaskGroup; cancelling it revokes every slot and leaves with the Last Will, so
-the heir adopts this node's slots unless it is back within the will delay.
+``on_revoke`` callback hears of it, and so it does when coordination fails.
+``run()`` is one task of the daemon's TaskGroup; cancelling it takes every slot
+back without telling ``on_revoke`` (the holders stop with the daemon, and a
+restarted gate asks for its starting loads' slots again) and leaves with the
+Last Will, so the heir adopts this node's slots unless it is back within the
+will delay.
 """
 
 from __future__ import annotations
@@ -118,6 +121,8 @@ class CoordinationService:
         finally:
             if self._sync_task is not None:
                 self._sync_task.cancel()
+            if self.failed is None:
+                self.on_revoke = None  # stopping, not losing the broker
             self._apply(self.node.stop(time.monotonic()))
             for future in self._futures.values():
                 if not future.done():

@@ -80,6 +80,8 @@ class GateService:
     ) -> None:
         self.settings = settings
         self.coordination = coordination
+        if coordination is not None:
+            coordination.on_revoke = self.slot_revoked
         self._slots: dict[tuple[str, int], asyncio.Task[None]] = {}  # (load, seq) -> its acquire
         self._slot_wanted: list[Load] = []  # asked for before the event loop ran (restored loads)
         self.cpus = cpus
@@ -418,9 +420,6 @@ class GateService:
 
     def slot_revoked(self, semaphore: str, slot: str) -> None:
         """The coordination service's ``on_revoke``."""
-        if self._stopping:
-            # The daemon stopping takes every slot back; its starting loads are persisted and ask again after a restart.
-            return
         name, _, seq = slot.rpartition("#")
         if seq.isdigit():
             self.table.slot_revoked(name, int(seq), time.monotonic())

@@ -88,6 +88,11 @@ class CgroupDetails:
     events: CgroupEvents | None
 
 
+# Each file's bytes last read and what they parsed to: (cpu.stat, cpu.max, cpu.pressure).
+_Parsed = tuple[object, CpuStat | None, object, CpuMax | None, object, PsiTotals | None]
+_UNREAD: _Parsed = (object(), None, object(), None, object(), None)  # equal to no bytes: everything is parsed
+
+
 class V2Reader:
     """cgroup v2: cpu.stat (required), cpu.max, cpu.pressure, memory.current."""
 
@@ -100,7 +105,7 @@ class V2Reader:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._last: tuple[bytes, CpuStat, bytes | None, CpuMax | None, bytes | None, PsiTotals | None] | None = None
+        self._last: _Parsed = _UNREAD
         stat = open_optional(path + "/cpu.stat")
         if stat == _ABSENT:
             if not os.path.isdir(path):
@@ -123,19 +128,12 @@ class V2Reader:
             if exc.errno in _GONE_ERRNOS:
                 raise CgroupGone(self.path) from None
             raise
-        last = self._last if self.reuse_unchanged else None
-        if last is None:
-            cpu, cpu_max, totals = None, None, None
-            fresh_stat = fresh_limit = fresh_psi = True
-        else:
-            fresh_stat, fresh_limit, fresh_psi = stat != last[0], limit != last[2], psi != last[4]
-            cpu, cpu_max, totals = last[1], last[3], last[5]
-        if fresh_stat or cpu is None:
+        last = self._last if self.reuse_unchanged else _UNREAD
+        cpu = last[1]
+        if cpu is None or stat != last[0]:
             cpu = parse_cpu_stat(stat.decode())
-        if fresh_limit:
-            cpu_max = None if limit is None else parse_cpu_max(limit.decode())
-        if fresh_psi:
-            totals = None if psi is None else parse_psi_totals(psi.decode())
+        cpu_max = last[3] if limit == last[2] else (None if limit is None else parse_cpu_max(limit.decode()))
+        totals = last[5] if psi == last[4] else (None if psi is None else parse_psi_totals(psi.decode()))
         self._last = (stat, cpu, limit, cpu_max, psi, totals)
         return cpu, cpu_max, totals, None if memory is None else int(memory)
 

@@ -87,18 +87,23 @@ def plan_cgroups(cgroup_root: Path = Path("/sys/fs/cgroup")) -> DemoCgroups | st
     return "no cgroup hierarchy here can limit CPU (no cgroup v2 cpu controller, no v1 cpu hierarchy)"
 
 
-def _remove(path: Path) -> None:
+def remove_cgroup_dir(path: Path) -> bool:
+    """Kill what runs in the cgroup and remove its childless directory, retrying while it empties.
+
+    False: it is still there.
+    """
     for _ in range(200):
         try:
             for pid in parse_pids((path / "cgroup.procs").read_text()):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             path.rmdir()
-            return
+            return True
         except FileNotFoundError:
-            return
+            return True
         except OSError:
             time.sleep(0.01)
+    return False
 
 
 @contextlib.contextmanager
@@ -124,9 +129,9 @@ def created(groups: DemoCgroups) -> Iterator[list[subprocess.Popen[bytes]]]:
             proc.kill()
             proc.wait()
         for directory in groups.created:
-            _remove(directory)
+            remove_cgroup_dir(directory)
         for parent in parents:
-            _remove(parent)
+            remove_cgroup_dir(parent)
 
 
 def demo_settings(groups: DemoCgroups | None, run_dir: str) -> Settings:
