@@ -8,8 +8,11 @@ that is drift, counted and re-asserted.
 from __future__ import annotations
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.log import get_logger
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max
+
+log = get_logger("nodeguard.quota")
 
 
 class QuotaWriter:
@@ -34,9 +37,19 @@ class QuotaWriter:
         if current == target:
             self.writer.counters.skipped_unchanged += 1
             return False
-        if last_applied is not None and current != last_applied:
+        drift = last_applied is not None and current != last_applied
+        if drift:
             self.writer.counters.drift += 1
             context = {**context, "drift_from": render(current)}
+        written = self._write(workload_id, current, target, context)
+        # Whatever write found it (a re-assertion, or a planned change in the same tick), drift is reported.
+        if drift and written and not self.writer.dry_run:
+            log.warning(
+                "quota drift re-asserted", workload=workload_id, found=render(current), by=context.get("action")
+            )
+        return written
+
+    def _write(self, workload_id: str, current: CpuMax, target: CpuMax, context: dict[str, object]) -> bool:
         if self.version == "v2":
             return self.writer.write(workload_id, "cpu.max", target.render_v2(), **context)
         if current.period_us != target.period_us:

@@ -154,8 +154,7 @@ class Executor:
             if usage is None or usage.cpu_max is None or usage.cpu_max == held.quota:
                 continue
             try:
-                if self.quota.apply(workload_id, held.quota, last_applied=held.quota, action="reassert"):
-                    log.warning("quota drift re-asserted", workload=workload_id, found=usage.cpu_max.render_v2())
+                self.quota.apply(workload_id, held.quota, last_applied=held.quota, action="reassert")  # logs the drift
             except CgroupGone:
                 continue
             except (OSError, ActuationRefused, ParseError) as exc:

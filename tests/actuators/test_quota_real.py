@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.cpu_quota import QuotaWriter
@@ -93,6 +94,21 @@ def test_drift_is_counted_and_reasserted(env: QuotaEnv) -> None:
     assert quota.apply(env.name, mine, last_applied=mine) is True
     assert quota.writer.counters.drift == 1
     assert quota.read(env.name) == mine
+
+
+def test_drift_found_by_a_planned_change_is_reported_too(env: QuotaEnv) -> None:
+    """A throttle that lands on a quota someone reset reports the drift, as the tick's re-assertion would have."""
+    quota = QuotaWriter(CgroupWriter(str(env.root)), env.version)
+    mine, deeper = CpuMax(30000, 100000), CpuMax(20000, 100000)
+    quota.apply(env.name, mine)
+    env.behind_the_back(CpuMax(None, 100000))
+    with capture_logs() as logs:
+        assert quota.apply(env.name, deeper, last_applied=mine, action="throttle") is True
+    drift = [e for e in logs if e["event"] == "quota drift re-asserted"]
+    assert drift == [{"event": "quota drift re-asserted", "workload": env.name, "found": "max 100000",
+                      "by": "throttle", "log_level": "warning"}]  # fmt: skip
+    assert quota.writer.counters.drift == 1
+    assert quota.read(env.name) == deeper
 
 
 def test_restore_all_puts_originals_back_and_keeps_others_changes(env: QuotaEnv, tmp_path: Path) -> None:
