@@ -220,6 +220,13 @@ class GuardSettings(Model):
     closed_loop_step_percent: float = Field(
         50.0, gt=0, le=100, description="a non-quantified metric lowers one workload's CPU by this % of its usage"
     )
+    failed_write_backoff_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="a workload whose quota write the kernel refused is no candidate for this long, "
+        "doubling with each refusal in a row up to 20 times as long",
+    )
     evictions: EvictionBudget = EvictionBudget()
     dry_run: bool = False
 

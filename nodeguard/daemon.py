@@ -22,8 +22,9 @@ from nodeguard import __version__
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.cpu_quota import QuotaWriter
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
-from nodeguard.actuators.executor import Executor
-from nodeguard.actuators.ledger import Ledger, exclusive
+from nodeguard.actuators.executor import Backoff, Executor
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.actuators.node_lock import hold_node
 from nodeguard.config import Document, Settings, load_document
 from nodeguard.coordination.service import CoordinationService
 from nodeguard.errors import ConfigError, ConfigUnreadable
@@ -32,13 +33,13 @@ from nodeguard.kubernetes.client import KubeError
 from nodeguard.kubernetes.integration import Kubernetes
 from nodeguard.kubernetes.nodes import merge_labels
 from nodeguard.log import get_logger
+from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.node import node_name
 from nodeguard.policy import planner
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
 from nodeguard.policy.trace import plan_to_data
-from nodeguard.sources.paths import CgroupLayout
 from nodeguard.sources.sensor import Sensor
 from nodeguard.surfaces.http import HttpServer
 from nodeguard.surfaces.metrics import Metrics
@@ -59,12 +60,14 @@ def effective(settings: Settings, dry_run: bool) -> Settings:
     )
 
 
-def writer_root(layout: CgroupLayout) -> str:
-    """The hierarchy whose quota files nodeguard writes: the v2 tree or the v1 cpu hierarchy."""
-    if layout.version == "v2":
-        return layout.tree
-    assert layout.cpu is not None
-    return layout.cpu
+# Plans of one tick: each pass after the first leaves out the workloads whose
+# writes the kernel refused; the next tick goes on from there.
+MAX_PASSES = 8
+
+
+def backoff_of(settings: Settings) -> Backoff:
+    seconds = settings.guard.failed_write_backoff_seconds
+    return Backoff(seconds, 20 * seconds)
 
 
 @dataclass
@@ -96,7 +99,7 @@ class Daemon:
         self.settings = effective(settings, dry_run)
         self.sensor = Sensor(self.settings)
         actuation = self.settings.actuation
-        self.writer = CgroupWriter(writer_root(self.sensor.layout), dry_run=actuation.dry_run)
+        self.writer = CgroupWriter(self.sensor.layout.writable, dry_run=actuation.dry_run)
         self.quota = QuotaWriter(self.writer, self.sensor.layout.version)
         self.evictor: Evictor = CgroupEvictor(
             self.writer, self.sensor.layout.version, actuation.eviction_grace_seconds, actuation.freeze_before_eviction
@@ -106,11 +109,13 @@ class Daemon:
             self.kube = Kubernetes(self.settings.kubernetes, node or node_name(), dry_run=actuation.dry_run)
             # Even with evictVia cgroup: it refuses system-critical pods and pods without metadata.
             self.evictor = self.kube.evictor(self.evictor)
-        # One nodeguard acts on a node at a time: hold the ledger's lock for life.
+        # One nodeguard acts on a node at a time, whatever its paths: hold the node for life.
+        # A dry run writes nothing and may watch beside the one that acts.
         self._lock = contextlib.ExitStack()
-        self._lock.enter_context(exclusive(actuation.ledger_path))
+        if not actuation.dry_run:
+            self._lock.enter_context(hold_node(self.writer.root, self.settings.sensing.proc_root))
         self.ledger = Ledger.load(actuation.ledger_path)
-        self.executor = Executor(self.quota, self.evictor, self.ledger, self._spawn)
+        self.executor = Executor(self.quota, self.evictor, self.ledger, self._spawn, backoff_of(self.settings))
         self.coordination = CoordinationService(self.settings.coordination, node or node_name())
         self.gate = GateService(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
@@ -134,6 +139,8 @@ class Daemon:
         """Reconcile the ledger with the kernel before the first tick."""
         if self.ledger.set_aside:
             log.error("ledger was corrupt; restoring only what can be proven", kept_as=self.ledger.set_aside)
+        if self.ledger.rejected:
+            log.error("ledger entries failed their checks; the rest is restored", kept_as=self.ledger.rejected)
         if not self.ledger.entries:
             return
         if self.settings.actuation.on_start == "adopt":
@@ -165,9 +172,8 @@ class Daemon:
         if self.kube is not None:
             snapshot = self.kube.enrich(snapshot)  # no I/O: the cache the refresh task keeps
         self.gate.observe(snapshot.node)
-        plan = planner.plan(snapshot, self.state, self.settings.guard)
         writes = self.writer.counters.writes
-        self.state = self.executor.carry_out(plan, self.state, snapshot)
+        plan = self._plan_and_act(snapshot)
         if self.kube is not None and self._group is not None:
             self.kube.emit(plan.actions, self._spawn, held=self.state.throttles)
         if self.writer.counters.writes != writes:
@@ -190,6 +196,26 @@ class Daemon:
         self.stats.durations = [*self.stats.durations[-59:], took]
         self.metrics.tick_duration.observe(took)
         self._notify_tick(plan)
+        return plan
+
+    def _plan_and_act(self, snapshot: Snapshot) -> Plan:
+        """Plan, act, and plan again without the workloads whose writes the kernel refused.
+
+        A refused write releases nothing, so the same tick closes the gap with
+        the next candidates. Each pass starts from the tick's state: the planner
+        stays pure, and what an earlier pass wrote is not written twice.
+        """
+        before = self.state
+        state = before
+        written: dict[str, CpuMax] = {}
+        for attempt in range(1, MAX_PASSES + 1):
+            plan = planner.plan(snapshot, state, self.settings.guard)
+            carried = self.executor.carry_out(plan, state, snapshot, done=written, final=attempt == MAX_PASSES)
+            written.update(carried.written)
+            if not carried.refused or attempt == MAX_PASSES:
+                break
+            state = state.with_held_back(carried.refused)
+        self.state = carried.state.without_held_back(written)
         return plan
 
     def _notify_tick(self, plan: Plan) -> None:
@@ -232,8 +258,20 @@ class Daemon:
             },
             "plan": None if self.last_plan is None else plan_to_data(self.last_plan, candidate_limit=10),
             "throttles": {
-                wid: {"original": e.original, "applied": e.applied, "reason": e.reason, "since": e.changed_at}
+                wid: {
+                    "original": e.original,
+                    "applied": e.applied,
+                    "reason": e.reason,
+                    "since": e.changed_at,
+                    "children": {p: {"original": c.original, "applied": c.applied} for p, c in e.children.items()},
+                }
                 for wid, e in self.ledger.entries.items()
+            },
+            "heldBack": {
+                wid: {"error": h.error, "file": h.file, "detail": h.detail, "failures": h.failures,
+                      "retryInSeconds": max(0.0, h.until - time.monotonic())}
+                for wid, h in self.state.held_back.items()
+                if h.until > time.monotonic()
             },
             "gate": self.gate.status(),
             "coordination": self.coordination.status(),
@@ -296,6 +334,7 @@ class Daemon:
             )
         self.settings = new
         self.sensor.reconfigure(new)
+        self.executor.backoff = backoff_of(new)
         self.gate.reconfigure(new.gate)
         self.coordination.reconfigure(new.coordination)
         if self.kube is not None:

@@ -1,32 +1,39 @@
 """Carrying out a plan: quota writes and evictions, with the ledger kept first.
 
-Order matters for crash safety: a throttle is written to the ledger (and
-fsynced) *before* the kernel file, so a daemon killed at any moment leaves no
-throttle that the ledger does not know.
+Order matters for crash safety: every limit about to be written is saved in
+the ledger (and fsynced) *before* the kernel file, so a daemon killed at any
+moment leaves no throttle that the ledger does not know.
+
+A write the kernel refuses releases nothing: the workload is held back with
+the refusal's cause and the daemon plans the same tick again without it
+(``Carried.refused``), so the next candidates close the gap. Evictions start
+only once a pass has no refusals left.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nodeguard.actuators.cpu_quota import QuotaWriter
+from nodeguard.actuators.cpu_quota import LimitRefused, LimitWrite, QuotaWriter, rate_above
 from nodeguard.actuators.evictors import Evictor
-from nodeguard.actuators.ledger import Ledger, LedgerEntry
+from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, LimitRecord, Ownership
 from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
-from nodeguard.log import get_logger
+from nodeguard.log import RateLimiter, get_logger
+from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.policy.actions import Evict, Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
-from nodeguard.policy.state import GuardState, HeldThrottle
+from nodeguard.policy.state import GuardState, HeldBack, HeldThrottle, held_back_after
 
 log = get_logger("nodeguard.executor")
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
+QuotaAction = Throttle | Restore
 
 
 @dataclass
@@ -34,10 +41,44 @@ class ActionCounters:
     # (kind, metric, dry_run) -> count
     actions: dict[tuple[str, str, bool], int] = field(default_factory=dict)
     failed: int = 0
+    withheld: int = 0  # throttles not written because the ledger could not be saved first
+    moved_originals: int = 0  # limits changed behind nodeguard and taken as the new original
 
     def count(self, kind: str, metric: str, dry_run: bool) -> None:
         key = (kind, metric, dry_run)
         self.actions[key] = self.actions.get(key, 0) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long a workload whose write was refused is held back: doubling from ``seconds`` to ``max_seconds``."""
+
+    seconds: float = 30.0
+    max_seconds: float = 600.0
+
+
+@dataclass
+class Carried:
+    """What one pass of carrying out a plan did."""
+
+    state: GuardState  # the state as the kernel now is (meaningful when ``refused`` is empty or the pass was final)
+    refused: dict[str, HeldBack]  # throttles refused in this pass: plan again without them
+    written: dict[str, CpuMax]  # workload limits written in this pass
+
+
+@dataclass
+class _Pass:
+    """Scratch for one carry_out call."""
+
+    before: GuardState  # what the plan started from
+    state: GuardState  # what the kernel is becoming
+    done: Mapping[str, CpuMax]  # written by an earlier pass of this tick
+    now: float  # monotonic
+    refused: dict[str, HeldBack] = field(default_factory=dict)
+    written: dict[str, CpuMax] = field(default_factory=dict)
+
+    def hold(self, workload_id: str, held: HeldThrottle | None) -> None:
+        self.state = _with_throttle(self.state, workload_id, held)
 
 
 def _with_throttle(state: GuardState, workload_id: str, held: HeldThrottle | None) -> GuardState:
@@ -50,90 +91,214 @@ def _with_throttle(state: GuardState, workload_id: str, held: HeldThrottle | Non
 
 
 class Executor:
-    def __init__(self, quota: QuotaWriter, evictor: Evictor, ledger: Ledger, spawn: Spawn) -> None:
+    def __init__(
+        self, quota: QuotaWriter, evictor: Evictor, ledger: Ledger, spawn: Spawn, backoff: Backoff | None = None
+    ) -> None:
         self.quota = quota
         self.evictor = evictor
         self.ledger = ledger
         self.spawn = spawn
+        self.backoff = backoff or Backoff()
         self.counters = ActionCounters()
         self.evicting: set[str] = set()
         self._failed_evictions: set[str] = set()
+        self._errors = RateLimiter(60.0)
 
     # --- the tick ---------------------------------------------------------------
 
-    def carry_out(self, plan: Plan, before: GuardState, snapshot: Snapshot) -> GuardState:
-        """Make the plan's changes; returns the state as the kernel now really is."""
-        state = plan.state
+    def carry_out(
+        self,
+        plan: Plan,
+        before: GuardState,
+        snapshot: Snapshot,
+        *,
+        done: Mapping[str, CpuMax] | None = None,
+        final: bool = True,
+    ) -> Carried:
+        """Make the plan's changes.
+
+        ``before`` is the state the plan started from; ``done`` the limits an
+        earlier pass of this tick wrote already. Unless ``final``, a pass
+        with refused throttles stops before evictions: the caller plans again.
+        """
+        tick = _Pass(before, plan.state, done or {}, plan.monotonic)
         for workload_id in plan.departed:
             self.ledger.forget(workload_id)
         quota_actions = [a for a in plan.actions if isinstance(a, Throttle | Restore)]
-        real = [a for a in quota_actions if not a.dry_run]
         for action in quota_actions:
             if action.dry_run:
                 self._log(action, "dry run: would")
+        real = [a for a in quota_actions if not a.dry_run and tick.done.get(a.workload_id) != a.quota]
         if real:
-            # Ledger first: mark every value about to be written as ours.
-            for action in real:
-                self.ledger.record(self._entry(action, pending=True))
-            self.ledger.save()
-            for action in real:
-                state = self._write(action, before, state)
+            self._write_all(real, tick)
+        if tick.refused and not final:
+            return Carried(tick.state, tick.refused, tick.written)
         for eviction in plan.actions:
             if isinstance(eviction, Evict):
                 self._evict(eviction)
-        state = self._reassert(snapshot, state)
+        state = self._reassert(snapshot, tick.state)
         for workload_id in self._failed_evictions:
             state = state.without_eviction(workload_id)
         self._failed_evictions.clear()
+        state = state.with_held_back(tick.refused).without_held_back(tick.written)
         if real or plan.departed:
-            self.ledger.save()
-        return state
+            self._save("after writing")
+        return Carried(state, tick.refused, tick.written)
 
-    def _entry(self, action: Throttle | Restore, pending: bool) -> LedgerEntry:
-        held = self.ledger.entries.get(action.workload_id)
-        target = action.quota.render_v2()
-        return LedgerEntry(
-            workload_id=action.workload_id,
-            cgroup_version=self.quota.version,
-            original=action.original.render_v2(),
-            applied=held.applied if held is not None and pending else target,
-            reason=str(action.metric),
-            changed_at=time.time(),
-            pending=target if pending else None,
+    def _write_all(self, actions: list[QuotaAction], tick: _Pass) -> None:
+        prepared: list[tuple[QuotaAction, CpuMax, list[LimitWrite]]] = []
+        for action in actions:
+            workload_id = action.workload_id
+            try:
+                current, writes = self.quota.plan(workload_id, action.quota, self._child_originals(workload_id))
+            except CgroupGone:
+                self.ledger.forget(workload_id)
+                tick.hold(workload_id, None)
+                continue
+            except (OSError, ParseError, ActuationRefused) as exc:
+                self._refused(action, LimitRefused(workload_id, "cpu limit", type(exc).__name__, str(exc)), tick)
+                continue
+            prepared.append((action, current, writes))
+        # Ledger first: every value about to be written is marked as ours.
+        previous = {a.workload_id: self.ledger.entries.get(a.workload_id) for a, _, _ in prepared}
+        for action, _, writes in prepared:
+            self.ledger.record(self._entry(action, writes, pending=True))
+        full_restores_only = False
+        try:
+            self.ledger.save()
+        except LedgerUnsaved as exc:
+            self._withhold(prepared, previous, tick, exc)
+            full_restores_only = True
+        for action, current, writes in prepared:
+            if full_restores_only and not (isinstance(action, Restore) and action.full):
+                continue
+            self._write(action, current, writes, tick)
+
+    def _child_originals(self, workload_id: str) -> dict[str, CpuMax]:
+        held = self.ledger.entries.get(workload_id)
+        return {} if held is None else {path: rec.original_limit for path, rec in held.children.items()}
+
+    def _entry(self, action: QuotaAction, writes: list[LimitWrite], pending: bool) -> LedgerEntry:
+        return self._recorded(
+            action.workload_id, action.original, action.quota, writes, str(action.metric), pending=pending
         )
 
-    def _write(self, action: Throttle | Restore, before: GuardState, state: GuardState) -> GuardState:
-        workload_id = action.workload_id
-        held = before.throttles.get(workload_id)
-        try:
-            self.quota.apply(
-                workload_id,
-                action.quota,
-                last_applied=held.quota if held is not None else None,
-                action=action.kind,
-                metric=str(action.metric),
-                reason=action.reason,
-            )
-        except CgroupGone:
-            self.ledger.forget(workload_id)
-            return _with_throttle(state, workload_id, None)
-        except (OSError, ActuationRefused, ParseError) as exc:
-            self.counters.failed += 1
-            log.error("quota write failed", workload=workload_id, action=action.kind, error=str(exc))
-            if held is None:
+    def _recorded(
+        self, workload_id: str, original: CpuMax, target: CpuMax, writes: list[LimitWrite], reason: str, *,
+        pending: bool,
+    ) -> LedgerEntry:  # fmt: skip
+        """The ledger entry for a change: before it (``pending``: the new values marked as ours) or after it."""
+        held = self.ledger.entries.get(workload_id)
+        children = dict(held.children) if held is not None else {}
+        for write in writes:
+            if write.path == workload_id:
+                continue
+            old = children.get(write.path)
+            first = old.original if old is not None else write.before.render_v2()
+            after = write.after.render_v2()
+            if pending:
+                applied = old.applied if old is not None else after
+                children[write.path] = LimitRecord(original=first, applied=applied, pending=after)
+            elif after == first:
+                children.pop(write.path, None)  # back to its original: nothing of ours left there
+            else:
+                children[write.path] = LimitRecord(original=first, applied=after)
+        return LedgerEntry(
+            original=original.render_v2(),
+            applied=held.applied if held is not None and pending else target.render_v2(),
+            pending=target.render_v2() if pending else None,
+            workload_id=workload_id,
+            cgroup_version="v2" if self.quota.version == "v2" else "v1",
+            reason=reason,
+            changed_at=time.time(),
+            children=children,
+        )
+
+    def _withhold(
+        self,
+        prepared: list[tuple[QuotaAction, CpuMax, list[LimitWrite]]],
+        previous: Mapping[str, LedgerEntry | None],
+        tick: _Pass,
+        exc: LedgerUnsaved,
+    ) -> None:
+        """The ledger cannot record what is about to change: no throttle is written, restores go all the way."""
+        withheld = []
+        for action, _, _ in prepared:
+            workload_id = action.workload_id
+            old = previous[workload_id]
+            if isinstance(action, Restore) and action.full:
+                continue  # the original needs no ledger: written now, forgotten after
+            if old is None:
                 self.ledger.forget(workload_id)
             else:
-                self.ledger.record(replace(self.ledger.entries[workload_id], pending=None))
-            return _with_throttle(state, workload_id, held)
+                self.ledger.entries[workload_id] = old
+            tick.hold(workload_id, tick.before.throttles.get(workload_id))
+            withheld.append(f"{action.kind} {workload_id} to {action.quota.render_v2()}")
+        self.counters.withheld += len(withheld)
+        if withheld and self._errors.allow(f"ledger:{exc.errno_name}"):
+            log.error(
+                "ledger cannot be saved: throttles withheld (restores still happen)",
+                file=exc.path, error=exc.errno_name, withheld=withheld,
+            )  # fmt: skip
+
+    def _write(self, action: QuotaAction, current: CpuMax, writes: list[LimitWrite], tick: _Pass) -> None:
+        workload_id = action.workload_id
+        held = tick.before.throttles.get(workload_id)
+        last_applied = tick.done.get(workload_id, held.quota if held is not None else None)
+        context = self.quota.note_drift(
+            workload_id, current, last_applied, {"action": action.kind, "metric": str(action.metric)}
+        )
+        try:
+            self.quota.perform(writes, reason=action.reason, **context)
+        except CgroupGone:
+            self.ledger.forget(workload_id)
+            tick.hold(workload_id, None)
+            return
+        except LimitRefused as refusal:
+            self._refused(action, refusal, tick)
+            return
+        tick.written[workload_id] = action.quota
         self.counters.count(action.kind, str(action.metric), False)
-        self._log(action, "")
+        self._log(action, "", children=len([w for w in writes if w.path != workload_id]))
+        entry = self._entry(action, writes, pending=False)
         if isinstance(action, Restore) and action.full:
             self.ledger.forget(workload_id)
         else:
-            self.ledger.record(self._entry(action, pending=False))
-        return state
+            self.ledger.record(entry)
 
-    def _log(self, action: Throttle | Restore | Evict, prefix: str) -> None:
+    def _refused(self, action: QuotaAction, refusal: LimitRefused, tick: _Pass) -> None:
+        workload_id = action.workload_id
+        held = tick.before.throttles.get(workload_id)
+        self.counters.failed += 1
+        if self._errors.allow(f"{workload_id}:{refusal.error}"):
+            log.error(
+                "quota write refused", workload=workload_id, action=action.kind, file=refusal.file,
+                cgroup=refusal.path, error=refusal.error, detail=refusal.detail,
+            )  # fmt: skip
+        old = self.ledger.entries.get(workload_id)
+        if held is None:
+            self.ledger.forget(workload_id)
+        elif old is not None:
+            children = {p: replace(c, pending=None) for p, c in old.children.items()}
+            self.ledger.record(replace(old, pending=None, children=children))
+        if isinstance(action, Throttle):
+            tick.refused[workload_id] = held_back_after(
+                tick.before.held_back.get(workload_id), workload_id, error=refusal.error, file=refusal.file,
+                detail=refusal.detail, now=tick.now, backoff=self.backoff.seconds,
+                max_backoff=self.backoff.max_seconds,
+            )  # fmt: skip
+        tick.hold(workload_id, held)
+
+    def _save(self, when: str) -> bool:
+        try:
+            self.ledger.save()
+        except LedgerUnsaved as exc:
+            if self._errors.allow(f"ledger:{exc.errno_name}"):
+                log.error("cannot save the ledger", file=exc.path, error=exc.errno_name, when=when)
+            return False
+        return True
+
+    def _log(self, action: QuotaAction | Evict, prefix: str, **extra: object) -> None:
         if prefix:
             self.counters.count(action.kind, str(action.metric), True)
         fields: dict[str, object] = {
@@ -142,25 +307,74 @@ class Executor:
             "reason": action.reason,
             "gap": action.gap_before,
             "predicted_release": action.predicted_release,
+            **{k: v for k, v in extra.items() if v},
         }
         if isinstance(action, Throttle | Restore):
             fields.update(quota=action.quota.render_v2(), previous=action.previous.render_v2())
         log.info(f"{prefix} {action.kind}".strip(), **fields)
 
+    # --- limits changed behind nodeguard -------------------------------------------
+
     def _reassert(self, snapshot: Snapshot, state: GuardState) -> GuardState:
-        """Put back any held quota that someone else changed (kubelet and runtimes reset quotas)."""
-        for workload_id, held in state.throttles.items():
+        """Keep every held limit in place: put back what kubelet reset (drift), adopt what it resized."""
+        for workload_id, held in list(state.throttles.items()):
             usage = snapshot.workloads.get(workload_id)
-            if usage is None or usage.cpu_max is None or usage.cpu_max == held.quota:
+            entry = self.ledger.entries.get(workload_id)
+            if usage is None or usage.cpu_max is None or entry is None:
                 continue
+            if usage.cpu_max == held.quota and not entry.children:
+                continue  # the common case: nothing to read, nothing to do
             try:
-                self.quota.apply(workload_id, held.quota, last_applied=held.quota, action="reassert")  # logs the drift
+                state = self._reconcile(workload_id, held, entry, state)
             except CgroupGone:
                 continue
-            except (OSError, ActuationRefused, ParseError) as exc:
+            except (OSError, ParseError, ActuationRefused, LimitRefused) as exc:
                 self.counters.failed += 1
-                log.error("cannot re-assert quota", workload=workload_id, error=str(exc))
+                if self._errors.allow(f"{workload_id}:reassert"):
+                    log.error("cannot re-assert quota", workload=workload_id, error=str(exc))
         return state
+
+    def _reconcile(self, workload_id: str, held: HeldThrottle, entry: LedgerEntry, state: GuardState) -> GuardState:
+        current = self.quota.read(workload_id)
+        if entry.ownership(current) is Ownership.MOVED:
+            # An in-place resize (or an operator): the new limit is the original from now on.
+            self.counters.moved_originals += 1
+            self.ledger.move_original(workload_id, current)
+            log.warning(
+                "limit changed behind nodeguard: taken as the new original",
+                workload=workload_id, original=current.render_v2(), was=entry.original,
+            )  # fmt: skip
+            if not rate_above(current, held.quota):
+                # At or under what nodeguard held: nothing left to throttle.
+                self.ledger.forget(workload_id)
+                self._save("releasing a resized workload")
+                return _with_throttle(state, workload_id, None)
+            held = replace(held, original=current)
+            state = _with_throttle(state, workload_id, held)
+        for path, record in self.ledger.entries[workload_id].children.items():
+            try:
+                found = self.quota.read(path)
+            except CgroupGone:
+                continue
+            if record.ownership(found) is Ownership.MOVED:
+                self.counters.moved_originals += 1
+                self.ledger.move_original(workload_id, found, child=path)
+        current, writes = self.quota.plan(workload_id, held.quota, self._child_originals(workload_id))
+        if not writes:
+            return state
+        entry = self.ledger.entries[workload_id]
+        self.ledger.record(self._recorded(workload_id, held.original, held.quota, writes, entry.reason, pending=True))
+        if not self._save("before re-asserting"):
+            self.ledger.entries[workload_id] = entry
+            return state
+        context = self.quota.note_drift(workload_id, current, held.quota, {"action": "reassert"})
+        if current == held.quota:  # the workload's own limit is right: a child's was changed
+            self.quota.note_drift(writes[0].path, writes[0].before, writes[0].after, {"action": "reassert"})
+        self.quota.perform(writes, **context)
+        self.ledger.record(self._recorded(workload_id, held.original, held.quota, writes, entry.reason, pending=False))
+        return state
+
+    # --- evictions ---------------------------------------------------------------
 
     def _evict(self, action: Evict) -> None:
         if action.dry_run:
@@ -207,7 +421,7 @@ class Executor:
             reasons = frozenset({Metric(entry.reason)}) if entry.reason in Metric._value2member_map_ else frozenset()
             throttles[entry.workload_id] = HeldThrottle(entry.workload_id, entry.original_limit, current, reasons, now)
             self.ledger.record(replace(entry, applied=current.render_v2(), pending=None))
-        self.ledger.save()
+        self._save("adopting")
         return GuardState(throttles=throttles)
 
     def restore_everything(self) -> dict[Outcome, list[str]]:

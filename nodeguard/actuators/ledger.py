@@ -1,23 +1,33 @@
-"""The ledger of originals: every quota nodeguard changed, and what it was before.
+"""The ledger of originals: every CPU limit nodeguard changed, and what it was before.
 
 A JSON file (default /run/nodeguard/ledger.json) written atomically: a
 temporary file in the same directory, fsync, rename, fsync of the directory.
 It outlives the daemon, so ``nodeguard restore --all`` works while it is down,
 and a restarted daemon can tell its own throttles from anybody else's.
+
+One entry per workload: the workload's own limit, and the limit of every
+descendant cgroup nodeguard had to change with it (cgroup v1 refuses a parent
+quota below a child's, so children are capped first). Each entry is checked on
+its own when the file is read: a bad entry is set aside alone, in a file
+beside the ledger, and the good ones are still restored.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import errno
 import json
 import os
-from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+import stat
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, TypeAdapter, ValidationError
 
 from nodeguard.atomic_file import set_aside, write_atomic
-from nodeguard.errors import NodeguardError
+from nodeguard.errors import NodeguardError, ParseError
 from nodeguard.log import get_logger
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.cgroupfs import parse_cpu_max
@@ -25,22 +35,37 @@ from nodeguard.sources.cgroupfs import parse_cpu_max
 log = get_logger("nodeguard.ledger")
 
 LEDGER_VERSION = 1
+MAX_LEDGER_BYTES = 64 << 20  # far above any real node (about 300 bytes an entry)
+
+
+def _cpu_max_text(value: str) -> str:
+    try:
+        parse_cpu_max(value)
+    except ParseError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+CpuMaxText = Annotated[str, AfterValidator(_cpu_max_text)]
+
+
+class Ownership(StrEnum):
+    """Who set a limit found in the kernel, as the ledger sees it."""
+
+    OURS = "ours"  # nodeguard's value (applied, or about to be)
+    ORIGINAL = "original"  # the recorded original: someone put it back (kubelet resyncing): drift
+    MOVED = "moved"  # neither: someone set a new limit (an in-place resize): the new original
 
 
 @dataclass(frozen=True, slots=True)
-class LedgerEntry:
-    workload_id: str
-    cgroup_version: str
-    original: str  # cpu.max format, "max 100000" for unlimited (v1 values converted)
-    applied: str
-    reason: str
-    changed_at: float  # wall-clock seconds
+class LimitRecord:
+    """One cgroup's CPU limit: before nodeguard, as nodeguard set it, and a write about to happen."""
+
+    original: CpuMaxText  # cpu.max format, "max 100000" for unlimited (v1 values converted)
+    applied: CpuMaxText
     # A value about to be written: saved before the write so that a crash
     # between the two still leaves the kernel's value recognisable as ours.
-    pending: str | None = None
-
-    def is_ours(self, current: CpuMax) -> bool:
-        return current == self.applied_limit or (self.pending is not None and current == parse_cpu_max(self.pending))
+    pending: CpuMaxText | None = None
 
     @property
     def original_limit(self) -> CpuMax:
@@ -50,83 +75,185 @@ class LedgerEntry:
     def applied_limit(self) -> CpuMax:
         return parse_cpu_max(self.applied)
 
+    def is_ours(self, current: CpuMax) -> bool:
+        return current == self.applied_limit or (self.pending is not None and current == parse_cpu_max(self.pending))
 
-class LedgerBusy(NodeguardError):
-    """Another nodeguard process holds the ledger."""
+    def ownership(self, current: CpuMax) -> Ownership:
+        if self.is_ours(current):
+            return Ownership.OURS
+        if current == self.original_limit:
+            return Ownership.ORIGINAL
+        return Ownership.MOVED
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerEntry(LimitRecord):
+    workload_id: str = ""
+    cgroup_version: Literal["v1", "v2"] = "v2"
+    reason: str = ""
+    changed_at: float = 0.0  # wall-clock seconds
+    # Descendant cgroups (paths relative to the hierarchy root) whose limits were
+    # changed to let the workload's own be lowered, deepest paths sort last.
+    children: Mapping[str, LimitRecord] = field(default_factory=dict)
+
+
+def entry(
+    workload_id: str,
+    version: Literal["v1", "v2"],
+    original: CpuMax,
+    applied: CpuMax,
+    reason: str,
+    *,
+    pending: CpuMax | None = None,
+    children: Mapping[str, LimitRecord] | None = None,
+) -> LedgerEntry:
+    return LedgerEntry(
+        original=original.render_v2(),
+        applied=applied.render_v2(),
+        pending=None if pending is None else pending.render_v2(),
+        workload_id=workload_id,
+        cgroup_version=version,
+        reason=reason,
+        changed_at=time.time(),
+        children=dict(children or {}),
+    )
+
+
+_ENTRY = TypeAdapter(LedgerEntry)
+
+
+class LedgerUnsaved(NodeguardError):
+    """The ledger file could not be written (a full or read-only filesystem)."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        self.path = path
+        self.errno_name = errno.errorcode.get(error.errno or 0, str(error.errno))
+        super().__init__(f"cannot save the ledger {path}: {error.strerror or error} ({self.errno_name})")
 
 
 class Ledger:
     def __init__(self, path: str) -> None:
         self.path = path
         self.entries: dict[str, LedgerEntry] = {}
-        self.set_aside: str | None = None  # where a corrupt file was moved
+        self.set_aside: str | None = None  # where an unreadable file was moved
+        self.rejected: str | None = None  # where entries that failed their checks were kept
 
     @classmethod
     def load(cls, path: str) -> Ledger:
-        """Read the ledger; a corrupt or foreign file is renamed aside and reported, never deleted."""
+        """Read the ledger; what cannot be trusted is moved aside and reported, never deleted.
+
+        An unreadable file (not UTF-8, not JSON, another version) is renamed
+        aside whole; an entry that fails its checks is copied to a
+        ``.rejected-*`` file alone, and the others are kept.
+        """
         ledger = cls(path)
         try:
-            with open(path, encoding="utf-8") as handle:
-                text = handle.read()
+            raw = _read_regular(path)
         except FileNotFoundError:
             return ledger
+        except _NotRegular as exc:
+            log.error("ledger path is not a regular file; starting without it", path=path, problem=str(exc))
+            ledger.set_aside = path  # left where it is: it is not ours to move
+            return ledger
         try:
-            ledger.entries = _decode(json.loads(text))
-        except (ValueError, TypeError, KeyError) as exc:
+            document = json.loads(raw.decode("utf-8"))
+            if not isinstance(document, Mapping) or document.get("version") != LEDGER_VERSION:
+                raise ValueError(f"not a version {LEDGER_VERSION} ledger")
+            items = document.get("entries")
+            if not isinstance(items, list):
+                raise ValueError("'entries' is not a list")
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             aside = set_aside(path)
             ledger.set_aside = aside
             log.error("ledger unreadable; kept aside, starting without it", path=path, kept_as=aside, error=str(exc))
+            return ledger
+        rejected: list[Any] = []
+        for item in items:
+            try:
+                found = _ENTRY.validate_python(item)
+            except ValidationError as exc:
+                rejected.append(item)
+                problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors())
+                workload = item.get("workload_id") if isinstance(item, Mapping) else None
+                log.error("ledger entry rejected; the others are kept", path=path, workload=workload, problem=problem)
+                continue
+            if found.workload_id in ledger.entries or not found.workload_id:
+                rejected.append(item)
+                log.error("ledger entry rejected: duplicate or empty workload", path=path, workload=found.workload_id)
+                continue
+            ledger.entries[found.workload_id] = found
+        if rejected:
+            ledger.rejected = f"{path}.rejected-{int(time.time())}"
+            body = json.dumps({"version": LEDGER_VERSION, "entries": rejected}, indent=1, default=str)
+            try:
+                write_atomic(ledger.rejected, body.encode())
+            except OSError as exc:
+                log.error("cannot keep the rejected ledger entries", path=ledger.rejected, error=str(exc))
+                ledger.rejected = None
         return ledger
 
     def record(self, entry: LedgerEntry) -> None:
-        """Add or update an entry; the first original of a workload is never overwritten."""
+        """Add or update an entry; recorded originals are never overwritten (see ``move_original``)."""
         held = self.entries.get(entry.workload_id)
         if held is not None:
-            entry = replace(entry, cgroup_version=held.cgroup_version, original=held.original)
+            children = dict(entry.children)
+            for path, child in held.children.items():
+                if path in children:
+                    children[path] = replace(children[path], original=child.original)
+            entry = replace(entry, cgroup_version=held.cgroup_version, original=held.original, children=children)
         self.entries[entry.workload_id] = entry
+
+    def move_original(self, workload_id: str, original: CpuMax, child: str | None = None) -> None:
+        """Someone set a new limit behind nodeguard (an in-place resize): it is the original from now on."""
+        held = self.entries[workload_id]
+        if child is None:
+            self.entries[workload_id] = replace(held, original=original.render_v2())
+        else:
+            children = dict(held.children)
+            children[child] = replace(children[child], original=original.render_v2())
+            self.entries[workload_id] = replace(held, children=children)
 
     def forget(self, workload_id: str) -> None:
         self.entries.pop(workload_id, None)
 
     def save(self) -> None:
-        os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
-        payload = {"version": LEDGER_VERSION, "entries": [asdict(e) for e in self.entries.values()]}
-        write_atomic(self.path, json.dumps(payload, indent=1, sort_keys=True).encode())
-
-
-def _decode(data: Any) -> dict[str, LedgerEntry]:
-    if not isinstance(data, Mapping) or data.get("version") != LEDGER_VERSION:
-        raise ValueError(f"not a version {LEDGER_VERSION} ledger")
-    entries = {}
-    for raw in data["entries"]:
-        entry = LedgerEntry(
-            workload_id=str(raw["workload_id"]),
-            cgroup_version=str(raw["cgroup_version"]),
-            original=str(raw["original"]),
-            applied=str(raw["applied"]),
-            reason=str(raw["reason"]),
-            changed_at=float(raw["changed_at"]),
-            pending=None if raw.get("pending") is None else str(raw["pending"]),
-        )
-        entry.original_limit  # noqa: B018 - validates both limits now, not at restore time
-        entry.applied_limit  # noqa: B018
-        if entry.pending is not None:
-            parse_cpu_max(entry.pending)
-        entries[entry.workload_id] = entry
-    return entries
-
-
-@contextlib.contextmanager
-def exclusive(path: str) -> Iterator[None]:
-    """Hold the lock beside the ledger: one nodeguard acts on a node at a time."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o750, exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
-    try:
+        """Write the ledger; LedgerUnsaved when the filesystem refuses (nothing in memory changes)."""
+        payload = {"version": LEDGER_VERSION, "entries": [_encode(e) for e in self.entries.values()]}
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LedgerBusy(f"{path}.lock is held by another nodeguard process") from None
-        yield
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
+            write_atomic(self.path, json.dumps(payload, indent=1, sort_keys=True).encode())
+        except OSError as exc:
+            raise LedgerUnsaved(self.path, exc) from None
+
+
+def _encode(entry: LedgerEntry) -> dict[str, Any]:
+    data: dict[str, Any] = _ENTRY.dump_python(entry, mode="json")
+    if not entry.children:
+        del data["children"]  # the format before children existed, still read by older versions
+    return data
+
+
+class _NotRegular(OSError):
+    pass
+
+
+def _read_regular(path: str) -> bytes:
+    """A state file's bytes: never through a symlink, never blocking on a FIFO, bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise _NotRegular(f"{path} is a symbolic link") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _NotRegular(f"{path} is not a regular file")
+        if info.st_size > MAX_LEDGER_BYTES:
+            raise _NotRegular(f"{path} is larger than {MAX_LEDGER_BYTES} bytes")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         os.close(fd)

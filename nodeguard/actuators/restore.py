@@ -1,13 +1,18 @@
-"""Putting quotas back: on exit, at start-up, and from ``nodeguard restore --all``."""
+"""Putting limits back: on exit, at start-up, and from ``nodeguard restore --all``.
+
+A limit is put back only where the kernel still holds nodeguard's value: one
+that someone else changed since (an in-place resize, an operator) is theirs,
+and kept. The workload's own limit is raised before its children's (cgroup
+v1 refuses a child above its parent).
+"""
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from enum import StrEnum
 
-from nodeguard.actuators.cpu_quota import QuotaWriter
-from nodeguard.actuators.ledger import Ledger, LedgerEntry
+from nodeguard.actuators.cpu_quota import LimitRefused, QuotaWriter
+from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, Ownership
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import get_logger
 from nodeguard.model.samples import CpuMax
@@ -29,33 +34,39 @@ def restore_entry(quota: QuotaWriter, entry: LedgerEntry) -> Outcome:
         return Outcome.FAILED
     try:
         current = quota.read(entry.workload_id)
+        ownership = entry.ownership(current)
+        target = entry.original_limit if ownership is Ownership.OURS else current
+        originals: dict[str, CpuMax] = {}
+        for path, record in entry.children.items():
+            try:
+                now = quota.read(path)
+            except CgroupGone:
+                continue
+            originals[path] = now if record.ownership(now) is Ownership.MOVED else record.original_limit
+        _, writes = quota.plan(entry.workload_id, target, originals)
+        if ownership is Ownership.MOVED:
+            log.warning(
+                "quota changed by someone else since nodeguard set it; keeping theirs",
+                workload=entry.workload_id, current=current.render_v2(), applied=entry.applied,
+            )  # fmt: skip
+        if not writes:
+            return Outcome.CHANGED if ownership is Ownership.MOVED else Outcome.ALREADY
+        quota.perform(writes, reason="restore")
     except CgroupGone:
         return Outcome.GONE
-    except (OSError, ParseError, ActuationRefused) as exc:
-        log.error("cannot read quota to restore", workload=entry.workload_id, error=str(exc))
+    except (OSError, ParseError, ActuationRefused, LimitRefused) as exc:
+        log.error("restore refused", workload=entry.workload_id, error=str(exc))
         return Outcome.FAILED
-    if current == entry.original_limit:
-        return Outcome.ALREADY
-    if not entry.is_ours(current):
-        log.warning(
-            "quota changed by someone else since nodeguard set it; keeping theirs",
-            workload=entry.workload_id,
-            current=current.render_v2(),
-            applied=entry.applied,
-        )
-        return Outcome.CHANGED
-    try:
-        quota.apply(entry.workload_id, entry.original_limit, reason="restore")
-    except CgroupGone:
-        return Outcome.GONE
-    except (OSError, ActuationRefused) as exc:
-        log.error("restore refused by the kernel", workload=entry.workload_id, error=str(exc))
-        return Outcome.FAILED
-    return Outcome.RESTORED
+    return Outcome.CHANGED if ownership is Ownership.MOVED else Outcome.RESTORED
 
 
 def restore_all(ledger: Ledger, quota: QuotaWriter) -> dict[Outcome, list[str]]:
-    """Restore every entry; all but failed ones leave the ledger, which is saved."""
+    """Restore every entry; all but failed ones leave the ledger, which is saved if it can be.
+
+    The kernel files are written first: a ledger that cannot be saved (a full
+    disk) never blocks a restore, it only keeps entries a later start finds
+    already restored.
+    """
     outcomes: dict[Outcome, list[str]] = defaultdict(list)
     for entry in list(ledger.entries.values()):
         outcome = restore_entry(quota, entry)
@@ -63,9 +74,8 @@ def restore_all(ledger: Ledger, quota: QuotaWriter) -> dict[Outcome, list[str]]:
         if outcome is not Outcome.FAILED and not quota.writer.dry_run:
             ledger.forget(entry.workload_id)
     if not quota.writer.dry_run:
-        ledger.save()
+        try:
+            ledger.save()
+        except LedgerUnsaved as exc:
+            log.error("restored, but cannot save the ledger", file=exc.path, error=exc.errno_name)
     return dict(outcomes)
-
-
-def entry_for(workload_id: str, version: str, original: CpuMax, applied: CpuMax, reason: str) -> LedgerEntry:
-    return LedgerEntry(workload_id, version, original.render_v2(), applied.render_v2(), reason, time.time())

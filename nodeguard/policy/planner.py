@@ -22,8 +22,10 @@ One tick, in order:
    possibly unlimited) once the step reaches its original limit, the node's
    cores, or the usage it had when first throttled, whichever is lowest.
 
-A missing sample never widens an action: the metric is blocked and the plan
-says so. With a non-quantified throttle metric configured, restores go one
+A workload whose last write the kernel refused is held back (no candidate)
+for its back-off; the daemon plans the tick again without it, so the next
+candidates close the gap. A missing sample never widens an action: the metric
+is blocked and the plan says so. With a non-quantified throttle metric configured, restores go one
 workload per tick and cool down, like its throttles. Dry-run actions are planned like real ones but leave the throttles
 held and the evictions pending as they were: nothing changed on the node.
 """
@@ -41,7 +43,7 @@ from nodeguard.policy.actions import Action, Blocked, Cause, Evict, Restore, Thr
 from nodeguard.policy.gaps import Gaps, compute_gaps
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import GENERAL_SORTER, Ranked, ordering
-from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, HeldThrottle, Key, PendingEviction
+from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, HeldBack, HeldThrottle, Key, PendingEviction
 from nodeguard.policy.waterlines import ActionKind, Waterline, resolve_waterlines
 
 MIN_QUOTA_US = 1000  # the kernel refuses a smaller cfs quota
@@ -62,6 +64,7 @@ class Plan:
     rankings: Mapping[tuple[str, ...], Ranked]  # the candidate orders this plan used, by comparator names
     departed: tuple[str, ...]  # throttled workloads that left the node: drop them from the ledger
     expired: tuple[PendingEviction, ...]  # evictions that outlived evictions.terminationTimeoutSeconds
+    held_back: tuple[HeldBack, ...]  # workloads left out as candidates: their last write was refused
     workloads: int
     candidates: int | None  # None when no action needed them
     state: GuardState  # for the next tick
@@ -110,6 +113,8 @@ class _Tick:
             else:
                 self.evictions[wid] = pending
         self.expired = tuple(expired)
+        self.held_back = {wid: h for wid, h in state.held_back.items() if wid in self.workloads}
+        self.holding = {wid for wid, h in self.held_back.items() if h.until > self.now}
 
         self.gaps = compute_gaps(self.readings, self.lines, bool(self.throttles))
         self.streaks = self._streaks()
@@ -161,6 +166,7 @@ class _Tick:
                 and u.workload.qos_class in classes
                 and (below is None or u.workload.priority < below)
                 and wid not in pending
+                and wid not in self.holding
             ]
         return self._candidates
 
@@ -223,6 +229,7 @@ class _Tick:
             throttles=self.throttles,
             evictions=self.evictions,
             last_eviction=self.last_eviction,
+            held_back=self.held_back,
         )
         return Plan(
             monotonic=self.now,
@@ -234,6 +241,7 @@ class _Tick:
             rankings=self.rankings,
             departed=self.departed,
             expired=self.expired,
+            held_back=tuple(self.held_back[wid] for wid in sorted(self.holding)),
             workloads=len(self.workloads),
             candidates=None if self._candidates is None else len(self._candidates),
             state=new_state,
@@ -268,12 +276,8 @@ class _Tick:
                 self._emit_throttle(line, usage, lowered, remaining * per_unit, per_unit)
                 remaining -= lowered[1]
         if remaining >= CLOSED_CORES:
-            self.block(
-                line.metric,
-                Direction.THROTTLE,
-                "exhausted",
-                f"{_fmt(remaining * per_unit)} of the gap stays open: no candidate can release more",
-            )
+            detail = f"{_fmt(remaining * per_unit)} of the gap stays open: no candidate can release more"
+            self.block(line.metric, Direction.THROTTLE, "exhausted", detail + self._holding_note())
 
     def _throttle_one(self, line: Waterline, gap: float, ranked: Ranked) -> None:
         fraction = self.guard.closed_loop_step_percent / 100.0
@@ -283,7 +287,14 @@ class _Tick:
                 self._emit_throttle(line, usage, lowered, gap, None)
                 self.cooldowns[(line.metric, Direction.THROTTLE)] = self.guard.cooldown_ticks
                 return
-        self.block(line.metric, Direction.THROTTLE, "exhausted", "no candidate can release more")
+        self.block(line.metric, Direction.THROTTLE, "exhausted", "no candidate can release more" + self._holding_note())
+
+    def _holding_note(self) -> str:
+        if not self.holding:
+            return ""
+        shown = sorted(self.holding)
+        names = ", ".join(f"{wid} ({self.held_back[wid].error})" for wid in shown[:3])
+        return f"; {len(shown)} held back after refused writes: {names}" + (" …" if len(shown) > 3 else "")
 
     def _lower(
         self, usage: WorkloadUsage, want: float = 0.0, fraction: float = 0.0

@@ -2,12 +2,14 @@
 
 The planner takes a GuardState and returns a new one; nothing here changes in
 place. The new state assumes every action that is not a dry run was carried
-out; the daemon drops what failed (``without_throttle``, ``without_eviction``).
+out; the daemon drops what failed (``without_eviction``) and holds back a
+workload whose write the kernel refused (``with_held_back``), then plans the
+same tick again without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -53,6 +55,41 @@ class PendingEviction:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldBack:
+    """A workload whose last quota write the kernel refused: no candidate until ``until``.
+
+    A write that fails releases nothing, so the gap is closed with the next
+    candidates; retrying the same write every tick would only fail again.
+    """
+
+    workload_id: str
+    error: str  # errno name (EINVAL, EACCES …) or the refusal's kind
+    file: str  # the file that was refused
+    detail: str
+    since: float  # monotonic, the first refusal in this run of refusals
+    until: float  # monotonic
+    failures: int  # refusals in a row: the back-off doubles with each
+
+
+def held_back_after(
+    previous: HeldBack | None,
+    workload_id: str,
+    *,
+    error: str,
+    file: str,
+    detail: str,
+    now: float,
+    backoff: float,
+    max_backoff: float,
+) -> HeldBack:
+    """The hold after one more refusal: ``backoff`` seconds, doubled per refusal in a row, at most ``max_backoff``."""
+    failures = 1 if previous is None else previous.failures + 1
+    wait = min(max_backoff, backoff * 2 ** min(failures - 1, 32))
+    since = now if previous is None else previous.since
+    return HeldBack(workload_id, error, file, detail, since, now + wait, failures)
+
+
+@dataclass(frozen=True, slots=True)
 class GuardState:
     # Consecutive ticks past the waterline (THROTTLE, EVICT) or below the restore
     # waterline (RESTORE), per metric.
@@ -64,14 +101,24 @@ class GuardState:
     # Monotonic time of the last eviction round; dry runs keep their own clock
     # so a logged eviction never delays a real one.
     last_eviction: Mapping[bool, float] = field(default_factory=dict)
+    # Workloads whose last write the kernel refused, while their back-off lasts
+    # and after it (so that a repeated refusal waits longer); a write that
+    # succeeds drops the entry.
+    held_back: Mapping[str, HeldBack] = field(default_factory=dict)
 
     @classmethod
     def primed(cls) -> GuardState:
         """A state whose streaks have already held long enough, for a one-shot plan (``nodeguard plan``)."""
         return cls(streaks={(metric, direction): STREAK_CAP for metric in Metric for direction in Direction})
 
-    def without_throttle(self, workload_id: str) -> GuardState:
-        return replace(self, throttles={k: v for k, v in self.throttles.items() if k != workload_id})
+    def with_held_back(self, holds: Mapping[str, HeldBack]) -> GuardState:
+        return replace(self, held_back={**self.held_back, **holds})
+
+    def without_held_back(self, workload_ids: Iterable[str]) -> GuardState:
+        drop = set(workload_ids) & self.held_back.keys()
+        if not drop:
+            return self
+        return replace(self, held_back={k: v for k, v in self.held_back.items() if k not in drop})
 
     def without_eviction(self, workload_id: str) -> GuardState:
         return replace(self, evictions={k: v for k, v in self.evictions.items() if k != workload_id})

@@ -16,7 +16,7 @@ from nodeguard.model.samples import CpuMax
 from nodeguard.model.workloads import Workload
 from nodeguard.policy.actions import Action, Evict, Restore, Throttle
 from nodeguard.policy.planner import Plan
-from nodeguard.policy.state import GuardState
+from nodeguard.policy.state import GuardState, HeldBack
 
 
 def _cpu_max(limit: CpuMax) -> dict[str, Any]:
@@ -82,6 +82,18 @@ def _state(state: GuardState) -> dict[str, Any]:
             for wid, p in state.evictions.items()
         },
         "last_eviction": {("dry_run" if dry else "real"): at for dry, at in state.last_eviction.items()},
+        "held_back": {wid: _held_back(h) for wid, h in state.held_back.items()},
+    }
+
+
+def _held_back(hold: HeldBack) -> dict[str, Any]:
+    return {
+        "error": hold.error,
+        "file": hold.file,
+        "detail": hold.detail,
+        "since": hold.since,
+        "until": hold.until,
+        "failures": hold.failures,
     }
 
 
@@ -133,5 +145,6 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
         ],
         "departed": list(plan.departed),
         "expired": [{"workload": p.workload_id, "metric": str(p.metric), "since": p.since} for p in plan.expired],
+        "held_back": [{"workload": h.workload_id, **_held_back(h)} for h in plan.held_back],
         "state": _state(plan.state),
     }

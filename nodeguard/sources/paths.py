@@ -24,6 +24,14 @@ class CgroupLayout:
     cpuacct: str | None = None
     memory: str | None = None
 
+    @property
+    def writable(self) -> str:
+        """The hierarchy whose CPU limit files nodeguard writes: the v2 tree or the v1 cpu hierarchy."""
+        if self.version == "v2":
+            return self.tree
+        assert self.cpu is not None
+        return self.cpu
+
 
 class LayoutError(Exception):
     pass

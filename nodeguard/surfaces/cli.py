@@ -128,7 +128,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from nodeguard.actuators.ledger import LedgerBusy
+    from nodeguard.actuators.node_lock import NodeBusy
     from nodeguard.daemon import Daemon
     from nodeguard.kubernetes.nodes import fetch_node_labels_sync, merge_labels
 
@@ -156,8 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             local_labels=local,
             explicit_labels=explicit,
         )
-    except LedgerBusy as exc:
-        print(f"nodeguard: {exc}: is nodeguard already running?", file=sys.stderr)
+    except NodeBusy as exc:
+        print(f"nodeguard: {exc}; refusing to act beside it", file=sys.stderr)
         return EXIT_INVALID
     return asyncio.run(daemon.run())
 
@@ -189,23 +189,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     from nodeguard.actuators.cgroup_writer import CgroupWriter
     from nodeguard.actuators.cpu_quota import QuotaWriter
-    from nodeguard.actuators.ledger import Ledger, LedgerBusy, exclusive
+    from nodeguard.actuators.ledger import Ledger
+    from nodeguard.actuators.node_lock import NodeBusy, hold_node
     from nodeguard.actuators.restore import Outcome, restore_all
-    from nodeguard.daemon import writer_root
     from nodeguard.sources.paths import detect_layout
 
     settings = load_settings(args)
     path = args.ledger or settings.actuation.ledger_path
     layout = detect_layout(settings.sensing.cgroup_root, settings.sensing.cgroup_version)
     try:
-        with exclusive(path):
+        with hold_node(layout.writable, settings.sensing.proc_root):
             ledger = Ledger.load(path)
             if not ledger.entries:
                 print(f"{path}: nothing to restore")
                 return EXIT_OK
-            outcomes = restore_all(ledger, QuotaWriter(CgroupWriter(writer_root(layout)), layout.version))
-    except LedgerBusy:
-        print(f"nodeguard: {path} is held by the running daemon; stop it (SIGTERM restores)", file=sys.stderr)
+            outcomes = restore_all(ledger, QuotaWriter(CgroupWriter(layout.writable), layout.version))
+    except NodeBusy as exc:
+        print(f"nodeguard: {exc}; stop it first (SIGTERM restores)", file=sys.stderr)
         return EXIT_INVALID
     for outcome, workloads in sorted(outcomes.items()):
         for workload in workloads:

@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.cpu_quota import QuotaWriter
-from nodeguard.actuators.ledger import Ledger
-from nodeguard.actuators.restore import Outcome, entry_for, restore_all
+from nodeguard.actuators.ledger import Ledger, entry
+from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import V1Reader, V2Reader
 from tests import realcgroups as rc
@@ -119,15 +119,15 @@ def test_restore_all_puts_originals_back_and_keeps_others_changes(env: QuotaEnv,
     applied = CpuMax(20000, 100000)
     quota.apply(env.name, applied)
     ledger = Ledger(str(tmp_path / "ledger.json"))
-    ledger.record(entry_for(env.name, env.version, original, applied, "test"))
-    ledger.record(entry_for(env.name + "-left", env.version, original, applied, "test"))
+    ledger.record(entry(env.name, env.version, original, applied, "test"))
+    ledger.record(entry(env.name + "-left", env.version, original, applied, "test"))
     outcomes = restore_all(ledger, quota)
     assert outcomes == {Outcome.RESTORED: [env.name], Outcome.GONE: [env.name + "-left"]}
     assert quota.read(env.name) == original
     assert ledger.entries == {} and Ledger.load(ledger.path).entries == {}
 
     quota.apply(env.name, applied)
-    ledger.record(entry_for(env.name, env.version, original, applied, "test"))
+    ledger.record(entry(env.name, env.version, original, applied, "test"))
     env.behind_the_back(CpuMax(90000, 100000))  # e.g. the kubelet resized the pod
     assert restore_all(ledger, quota) == {Outcome.CHANGED: [env.name]}
     assert quota.read(env.name) == CpuMax(90000, 100000)

@@ -45,8 +45,12 @@ class ClusterGates:
             gate.config["global"]["http"] = {"listen": self.http[name]}
             gate.daemon.config_path.write_text(json.dumps(gate.config))
             self.gates[name] = gate
-        for gate in self.gates.values():
-            gate.start()
+        try:
+            for gate in self.gates.values():
+                gate.start()
+        except BaseException:
+            self.close()  # the ones started must not outlive the test
+            raise
 
     def status(self, name: str) -> dict[str, Any]:
         with urllib.request.urlopen(f"http://{self.http[name]}/status", timeout=5) as response:

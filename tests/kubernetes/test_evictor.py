@@ -207,7 +207,7 @@ async def test_budget_refusal_moves_on_to_the_next_candidate(
         snap = snapshot([pod_usage(UID_A), pod_usage(UID_B)], monotonic=time.monotonic(), memory_used=8 << 30)
         result = plan(k8s.enrich(snap), state, rules)
         evicted += [a.workload.name for a in result.actions if isinstance(a, Evict)]
-        state = executor.carry_out(result, state, snap)
+        state = executor.carry_out(result, state, snap).state
         await asyncio.gather(*tasks)
         tasks.clear()
     assert evicted[:2] == ["jobs/batch-a", "jobs/batch-b"]
