@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodeguard.model.samples import CpuMax
+from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max
 from nodeguard.surfaces.demo import remove_cgroup_dir
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -124,3 +126,99 @@ def v1_cpu_group() -> Iterator[V1Group]:
     dirs = [cpu / name] if cpu == cpuacct else [cpu / name, cpuacct / name]
     with cgroups(*dirs):
         yield V1Group(name, cpu / name, cpuacct / name, dirs)
+
+
+@dataclass
+class Hierarchy:
+    """Where a test's cgroups live: the v1 cpu (+ cpuacct) hierarchies on this host, or a v2 mount."""
+
+    version: str
+    roots: list[Path]  # the writable hierarchy first (v1: cpu, then cpuacct when separate)
+
+    @property
+    def writable(self) -> Path:
+        return self.roots[0]
+
+    def dirs(self, rel: str) -> list[Path]:
+        return [root / rel for root in self.roots]
+
+    def limit(self, rel: str) -> CpuMax:
+        group = self.writable / rel
+        if self.version == "v2":
+            return parse_cpu_max((group / "cpu.max").read_text())
+        return parse_cfs_quota((group / "cpu.cfs_quota_us").read_text(), (group / "cpu.cfs_period_us").read_text())
+
+    def set_limit(self, rel: str, limit: CpuMax) -> None:
+        """Write a limit as kubelet or a runtime would (v1: period, then quota)."""
+        group = self.writable / rel
+        if self.version == "v2":
+            (group / "cpu.max").write_text(limit.render_v2())
+            return
+        if limit.period_us != parse_cfs_quota("-1", (group / "cpu.cfs_period_us").read_text()).period_us:
+            (group / "cpu.cfs_period_us").write_text(str(limit.period_us))
+        (group / "cpu.cfs_quota_us").write_text(str(-1 if limit.quota_us is None else limit.quota_us))
+
+    @contextlib.contextmanager
+    def groups(self, *rels: str) -> Iterator[None]:
+        """Create the groups in every hierarchy (v2: with the cpu controller enabled down to them)."""
+        if self.version == "v1":
+            with cgroups(*[d for rel in rels for d in self.dirs(rel)]):
+                yield
+            return
+        made = sorted({p for rel in rels for p in [rel, *[str(q) for q in Path(rel).parents if str(q) != "."]]},
+                      key=lambda p: p.count("/"))  # fmt: skip
+        with cgroups(*[self.writable / rel for rel in made]):
+            for rel in made:
+                if any(other.startswith(rel + "/") for other in made):
+                    (self.writable / rel / "cgroup.subtree_control").write_text("+cpu")
+            yield
+
+
+def v1_cpu_hierarchy() -> Hierarchy:
+    import pytest
+
+    reason = why_no_v1_cpu()
+    if reason:
+        pytest.skip(reason)
+    cpu, cpuacct = v1_hierarchy("cpu"), v1_hierarchy("cpuacct")
+    assert cpu is not None and cpuacct is not None
+    return Hierarchy("v1", [cpu] if cpu == cpuacct else [cpu, cpuacct])
+
+
+def v2_cpu_hierarchy() -> Hierarchy:
+    mount = v2_mount()
+    assert mount is not None
+    return Hierarchy("v2", [mount])
+
+
+@dataclass
+class KubeletPod:
+    """A pod as kubelet lays it out: pod cgroup, a sandbox, a container (crun puts its processes in a
+    ``container`` subgroup), with CPU limits written at the pod and the container level."""
+
+    hierarchy: Hierarchy
+    pod: str
+    sandbox: str
+    container: str
+    inner: str
+
+    def start_busy(self) -> subprocess.Popen[bytes]:
+        return start_busy(*self.hierarchy.dirs(self.inner))
+
+
+def pod_uid() -> str:
+    return str(uuid.uuid4())
+
+
+@contextlib.contextmanager
+def kubelet_pod(hierarchy: Hierarchy, parent: str, tier: str | None, limit: CpuMax | None) -> Iterator[KubeletPod]:
+    """A pod under ``parent``/kubepods[/tier]; ``limit`` on the pod and its container, as kubelet writes them."""
+    base = f"{parent}/kubepods" + (f"/{tier}" if tier else "")
+    pod = f"{base}/pod{pod_uid()}"
+    sandbox, container = f"{pod}/{uuid.uuid4().hex * 2}", f"{pod}/{uuid.uuid4().hex * 2}"
+    inner = f"{container}/container"
+    with hierarchy.groups(sandbox, inner):
+        if limit is not None:
+            hierarchy.set_limit(pod, limit)  # the parent first: v1 refuses a child above it
+            hierarchy.set_limit(container, limit)
+        yield KubeletPod(hierarchy, pod, sandbox, container, inner)

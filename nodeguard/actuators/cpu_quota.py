@@ -61,13 +61,16 @@ def capped(original: CpuMax, parent: CpuMax) -> CpuMax:
     """A child's limit under ``parent``: its original, or the parent's rate in the child's own period.
 
     Rounded down, so the kernel's integer comparison of the two rates never
-    finds the child above the parent.
+    finds the child above the parent; where that would fall under the
+    kernel's smallest quota, the child takes the parent's own period too.
     """
-    if not rate_above(original, parent):
-        return original
+    if original.quota_us is None or not rate_above(original, parent):
+        return original  # an unlimited child is no conflict: v1 lets it inherit the parent's limit
     assert parent.quota_us is not None  # nothing is above unlimited
     quota = parent.quota_us * original.period_us // parent.period_us
-    return CpuMax(max(MIN_QUOTA_US, quota), original.period_us)
+    if quota < MIN_QUOTA_US:
+        return parent
+    return CpuMax(quota, original.period_us)
 
 
 def ordered_writes(
@@ -81,11 +84,19 @@ def ordered_writes(
     """
     lower: list[LimitWrite] = []
     raise_: list[LimitWrite] = []
-    for child, (now, original) in children.items():
-        wanted = capped(original, target)
-        if wanted == now:
+    # Top down: a child is capped at what its nearest limited ancestor will have.
+    wanted: dict[str, CpuMax] = {path: target}
+    for child in sorted(children, key=lambda p: p.count("/")):
+        now, original = children[child]
+        ancestor = child.rsplit("/", 1)[0]
+        while ancestor not in wanted and "/" in ancestor:
+            ancestor = ancestor.rsplit("/", 1)[0]
+        under = wanted.get(ancestor, target)
+        limit = capped(original, under)
+        wanted[child] = limit if limit.quota_us is not None else under  # unlimited inherits
+        if limit == now:
             continue
-        (lower if rate_above(now, wanted) else raise_).append(LimitWrite(child, now, wanted))
+        (lower if rate_above(now, limit) else raise_).append(LimitWrite(child, now, limit))
     lower.sort(key=lambda w: -w.path.count("/"))
     raise_.sort(key=lambda w: w.path.count("/"))
     own = [LimitWrite(path, current, target)] if current != target else []

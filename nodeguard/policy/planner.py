@@ -10,6 +10,12 @@ One tick, in order:
    non-quantified metric lowers one workload by guard.closedLoopStepPercent
    of its usage, then cools down. Throttling for one CPU metric counts
    towards the gaps of the others in the same tick.
+   On a busy node, CPU freed by a throttle is taken by whatever waited to
+   run (batch work wants every core it can get): the gap to close grows by
+   what runnable workloads waited for beyond the node's idle CPU, within
+   their own limits, and each candidate's release is measured from its
+   demand (what it used plus what it waited for), so one tick's throttles
+   hold the node under the waterline once the others have expanded.
 2. Evict (last resort): incompressible metrics first. The gap left after this
    tick's throttles and the evictions still terminating is closed by the
    fewest candidates, within the eviction budget.
@@ -127,6 +133,7 @@ class _Tick:
         self._candidates: list[WorkloadUsage] | None = None
         self._unknown: dict[Resource, list[str]] = {}
         self.planned: dict[str, CpuMax] = {}  # quotas lowered this tick
+        self._absorbing: tuple[float, float] | None = None  # (cores freed CPU goes to, share of waits that is demand)
         self.released_cores = 0.0  # by this tick's throttles and evictions
         self.released_memory = 0
         self.evicted: set[str] = set()
@@ -266,8 +273,9 @@ class _Tick:
     def _throttle_precisely(self, line: Waterline, gap: float, ranked: Ranked) -> None:
         per_unit = self._per_unit(line.metric)
         # This tick's earlier throttles (another CPU metric) already count. Aim a
-        # margin under the waterline, so measurement noise does not re-trigger.
-        remaining = gap / per_unit + self.margin - self.released_cores
+        # margin under the waterline, so measurement noise does not re-trigger;
+        # and close what the waiting work will take of the CPU freed.
+        remaining = gap / per_unit + self.margin - self.released_cores + self.absorbing()
         for _, usage in ranked:
             if remaining < CLOSED_CORES:
                 return
@@ -296,6 +304,41 @@ class _Tick:
         names = ", ".join(f"{wid} ({self.held_back[wid].error})" for wid in shown[:3])
         return f"; {len(shown)} held back after refused writes: {names}" + (" …" if len(shown) > 3 else "")
 
+    def _current_limit(self, usage: WorkloadUsage) -> CpuMax | None:
+        wid = usage.workload.id
+        planned = self.planned.get(wid)
+        if planned is not None:
+            return planned
+        held = self.throttles.get(wid)
+        return held.quota if held is not None else usage.cpu_max
+
+    def _waiting(self, usage: WorkloadUsage) -> float:
+        """What it waited for, in cores, as far as its own limit would let it have it."""
+        waiting = usage.waiting_cores
+        if not waiting or usage.cores is None:
+            return 0.0
+        limit = self._current_limit(usage)
+        cores = None if limit is None else limit.cores
+        return waiting if cores is None else min(waiting, max(0.0, cores - usage.cores))
+
+    def absorbing(self) -> float:
+        """Cores that CPU freed now would go to: what runnable workloads waited for, past the node's idle CPU.
+
+        Waits on a node with idle CPU are wake-up latency, not unmet demand.
+        """
+        if self._absorbing is None:
+            waiting = sum(self._waiting(u) for wid, u in self.workloads.items() if wid not in self.evictions)
+            idle = max(0.0, self.node.cpus - (self.node.cores_used or float(self.node.cpus)))
+            absorbing = max(0.0, waiting - idle)
+            self._absorbing = (absorbing, absorbing / waiting if waiting > 0 else 0.0)
+        return self._absorbing[0]
+
+    def _unmet(self, usage: WorkloadUsage) -> float:
+        """The part of its wait that is demand the node did not meet."""
+        self.absorbing()
+        assert self._absorbing is not None
+        return self._absorbing[1] * self._waiting(usage)
+
     def _lower(
         self, usage: WorkloadUsage, want: float = 0.0, fraction: float = 0.0
     ) -> tuple[CpuMax, float, CpuMax] | None:
@@ -307,15 +350,17 @@ class _Tick:
         own, cores = usage.cpu_max, usage.cores
         if own is None or cores is None:
             return None  # no cpu controller: nothing to throttle with
+        # Its demand: what it used and what it waited for (counted in absorbing()); a
+        # workload starved by the others still takes what a throttle frees.
+        used = cores + (self._unmet(usage) if want and usage.waiting_cores else 0.0)
         request = usage.workload.cpu_request_cores or 0.0
-        if cores - self.guard.min_quota_cores < CLOSED_CORES or cores - request < CLOSED_CORES:
+        if used - self.guard.min_quota_cores < CLOSED_CORES or used - request < CLOSED_CORES:
             return None  # at its floor: the common case on a busy node, so decided before any lookup
         wid = usage.workload.id
         held = self.throttles.get(wid)
         current = self.planned.get(wid)
         if current is None:
             current = held.quota if held is not None else own
-        used = cores
         if current.quota_us is not None:
             used = min(used, current.quota_us / current.period_us)
         period = current.period_us
@@ -370,8 +415,11 @@ class _Tick:
                 quota=quota,
                 reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
                 since=held.since if held is not None else self.now,
-                demand_cores=held.demand_cores if held is not None else usage.cores,
+                demand_cores=held.demand_cores if held is not None else self._demand(usage),
             )
+
+    def _demand(self, usage: WorkloadUsage) -> float | None:
+        return None if usage.cores is None else usage.cores + self._unmet(usage)
 
     def _per_unit(self, metric: Metric) -> float:
         scale = CAPABILITIES[metric].per_resource_unit

@@ -28,13 +28,16 @@ from nodeguard.sources.cgroupfs import (
     parse_psi_totals,
 )
 from nodeguard.sources.procfs import parse_loadavg, parse_meminfo, parse_proc_stat_cpu
+from nodeguard.sources.taskwait import TaskWait, subtree
 
 _ABSENT = -1
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _BUFSIZE = 4096
 
-RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None]
+# cpu.stat, the CPU limit, cpu.pressure totals, memory in use, and (v1) the run-queue wait
+# of its threads since the last sample, in ns.
+RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None, int | None]
 
 
 def open_optional(path: str) -> int:
@@ -135,7 +138,7 @@ class V2Reader:
         cpu_max = last[3] if limit == last[2] else (None if limit is None else parse_cpu_max(limit.decode()))
         totals = last[5] if psi == last[4] else (None if psi is None else parse_psi_totals(psi.decode()))
         self._last = (stat, cpu, limit, cpu_max, psi, totals)
-        return cpu, cpu_max, totals, None if memory is None else int(memory)
+        return cpu, cpu_max, totals, None if memory is None else int(memory), None
 
     def details(self) -> CgroupDetails:
         return read_details_v2(self.path)
@@ -167,11 +170,19 @@ def read_details_v2(path: str) -> CgroupDetails:
 
 
 class V1Reader:
-    """cgroup v1: cpuacct.usage (required), cpu.stat, CFS quota, memory usage; PSI from a v2 mount."""
+    """cgroup v1: cpuacct.usage (required), cpu.stat, CFS quota, memory usage, the threads' run-queue wait;
+    PSI from a v2 mount."""
 
-    __slots__ = ("_mem", "_period", "_psi", "_quota", "_stat", "_usage", "memory_path", "path")
+    __slots__ = ("_mem", "_period", "_psi", "_quota", "_stat", "_usage", "_wait", "memory_path", "path")
 
-    def __init__(self, cpu_path: str, cpuacct_path: str, memory_path: str | None, unified_path: str | None) -> None:
+    def __init__(
+        self,
+        cpu_path: str,
+        cpuacct_path: str,
+        memory_path: str | None,
+        unified_path: str | None,
+        proc_root: str | None = "/proc",
+    ) -> None:
         self.path = cpu_path
         self.memory_path = memory_path
         usage = open_optional(cpuacct_path + "/cpuacct.usage")
@@ -183,6 +194,12 @@ class V1Reader:
         self._period = open_optional(cpu_path + "/cpu.cfs_period_us")
         self._mem = open_optional(memory_path + "/memory.usage_in_bytes") if memory_path else _ABSENT
         self._psi = open_optional(unified_path + "/cpu.pressure") if unified_path else _ABSENT
+        self._wait = TaskWait(subtree(cpu_path), proc_root) if proc_root is not None else None
+
+    def rescan(self) -> None:
+        """Follow the threads of descendants that appeared or left since (containers starting, stopping)."""
+        if self._wait is not None:
+            self._wait.watch(subtree(self.path))
 
     def sample(self) -> RawSample:
         usage = pread_text(self._usage)
@@ -193,7 +210,8 @@ class V1Reader:
             cpu_max = parse_cfs_quota(pread_text(self._quota), pread_text(self._period))
         psi = parse_psi_totals(pread_text(self._psi)) if self._psi != _ABSENT else None
         memory = int(pread_text(self._mem)) if self._mem != _ABSENT else None
-        return cpu, cpu_max, psi, memory
+        waited = self._wait.waited_ns() if self._wait is not None else None
+        return cpu, cpu_max, psi, memory, waited
 
     def details(self) -> CgroupDetails:
         procs = read_text(self.path + "/cgroup.procs")
@@ -213,6 +231,8 @@ class V1Reader:
         )
 
     def close(self) -> None:
+        if self._wait is not None:
+            self._wait.close()
         _close_all([self._usage, self._stat, self._quota, self._period, self._mem, self._psi])
         self._usage = self._stat = self._quota = self._period = self._mem = self._psi = _ABSENT
 

@@ -20,7 +20,7 @@ from nodeguard.sources.readers import CgroupReader, NodeReader, NodeSample, V1Re
 log = get_logger("nodeguard.sensor")
 
 
-def open_reader(layout: CgroupLayout, workload_id: str) -> CgroupReader:
+def open_reader(layout: CgroupLayout, workload_id: str, proc_root: str = "/proc") -> CgroupReader:
     if layout.version == "v2":
         return V2Reader(f"{layout.tree}/{workload_id}")
     assert layout.cpu is not None and layout.cpuacct is not None
@@ -29,6 +29,7 @@ def open_reader(layout: CgroupLayout, workload_id: str) -> CgroupReader:
         f"{layout.cpuacct}/{workload_id}",
         f"{layout.memory}/{workload_id}" if layout.memory else None,
         f"{layout.unified}/{workload_id}" if layout.unified else None,
+        proc_root,
     )
 
 
@@ -69,9 +70,11 @@ class Sensor:
             if held is not None:
                 if held[0] != workload:  # e.g. a container started in the pod
                     self._readers[workload_id] = (workload, held[1])
+                if isinstance(held[1], V1Reader):
+                    held[1].rescan()
                 continue
             try:
-                self._readers[workload_id] = (workload, open_reader(self.layout, workload_id))
+                self._readers[workload_id] = (workload, open_reader(self.layout, workload_id, sensing.proc_root))
             except CgroupGone:
                 continue
             except (OSError, ValueError) as exc:
@@ -107,7 +110,7 @@ class Sensor:
         make = WorkloadUsage
         for workload_id, (workload, reader) in self._readers.items():
             try:
-                cpu, cpu_max, psi, memory = reader.sample()
+                cpu, cpu_max, psi, memory, waited = reader.sample()
             except CgroupGone:
                 gone.append(workload_id)
                 continue
@@ -115,7 +118,7 @@ class Sensor:
                 self.skipped += 1
                 self._warn(workload_id, "workload skipped this tick", exc)
                 continue
-            cores = throttled = stall = None
+            cores = throttled = stall = waiting = None
             old = before_get(workload_id)
             if old is not None and usec > 0:
                 old_cpu = old.cpu
@@ -130,7 +133,11 @@ class Sensor:
                     some, old_some = psi.some_usec, old.cpu_pressure.some_usec
                     if some is not None and old_some is not None and some >= old_some:
                         stall = 100.0 * (some - old_some) / usec
-            usages[workload_id] = make(workload, cpu, cpu_max, psi, memory, cores, throttled, stall)
+                if waited is not None:
+                    waiting = waited / 1000.0 / usec
+                elif stall is not None:
+                    waiting = stall / 100.0
+            usages[workload_id] = make(workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting)
         for workload_id in gone:
             self._drop(workload_id)
         snapshot = Snapshot(

@@ -27,6 +27,7 @@ def usage(
     request: float | None = None,
     started_at: float | None = 1_000.0,
     protected: bool = False,
+    waiting: float | None = None,
 ) -> WorkloadUsage:
     workload = Workload(
         id=wid,
@@ -40,7 +41,9 @@ def usage(
     )
     # Fields the policy does not read stay None, so a new model field does not break the builder.
     fields: dict[str, Any] = dict.fromkeys(WorkloadUsage._fields)
-    fields.update(workload=workload, cpu=CpuStat(0), cpu_max=cpu_max, memory_bytes=memory, cores=cores)
+    fields.update(
+        workload=workload, cpu=CpuStat(0), cpu_max=cpu_max, memory_bytes=memory, cores=cores, waiting_cores=waiting
+    )
     return WorkloadUsage(**fields)
 
 

@@ -1,0 +1,281 @@
+"""The guard on a kubelet-shaped node, end to end: the real daemon, real kernels, elastic batch work.
+
+Pods laid out as kubelet lays them out (``kubepods/burstable/pod<uid>/<container>``,
+a sandbox, crun's ``container`` subgroup), CPU limits written at the pod *and*
+the container level, six Burstable burners that each want a whole core (so
+throttling some lets the others expand), one Guaranteed pod. Runs on this
+host's cgroup v1 (where the kernel refuses a pod quota below a container's)
+and, marked ``kernel``, in the QEMU VM on cgroup v2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.model.samples import CpuMax
+from nodeguard.sources.readers import count_cpus
+from tests import realcgroups as rc
+from tests.daemon_proc import DaemonProcess
+from tests.gate.helpers import free_port
+from tests.integration.test_guard_e2e import node_cores
+from tests.workloads import start_duty_cycle
+
+TICK = 0.5
+SLOW = 8.0 if os.environ.get("NODEGUARD_IN_VM") == "1" else 1.0
+BURNERS = 6
+POD_LIMIT = CpuMax(150000)  # 1.5 cores, at the pod and at its container
+GUARANTEED_LIMIT = CpuMax(50000)
+IMPORTANT_SHARE = 0.3
+UNLIMITED = CpuMax(None)
+SETTLE_TICKS = 8  # ticks after convergence that must all stay under the waterline
+
+
+@dataclass
+class KubeletNode:
+    hierarchy: rc.Hierarchy
+    parent: str
+    burners: list[rc.KubeletPod]
+    guaranteed: rc.KubeletPod
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    originals: dict[str, CpuMax] = field(default_factory=dict)
+
+    def every_dir(self) -> list[str]:
+        return [rel for pod in [*self.burners, self.guaranteed] for rel in (pod.pod, pod.container, pod.inner, pod.sandbox)]
+
+    def record_originals(self) -> None:
+        self.originals = {rel: self.hierarchy.limit(rel) for rel in self.every_dir()}
+
+    def changed(self) -> set[str]:
+        return {rel for rel, limit in self.originals.items() if self.hierarchy.limit(rel) != limit}
+
+    def throttled_pods(self) -> set[str]:
+        return {pod.pod for pod in self.burners if self.hierarchy.limit(pod.pod) != POD_LIMIT}
+
+    def start(self) -> None:
+        self.procs.append(start_duty_cycle(IMPORTANT_SHARE, *self.hierarchy.dirs(self.guaranteed.inner)))
+        self.procs += [pod.start_busy() for pod in self.burners]
+
+    def stop_burners(self) -> None:
+        for proc in self.procs[1:]:
+            rc.stop(proc)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                rc.stop(proc)
+
+    def config(self, ledger: Path, threshold: float, **guard: Any) -> dict[str, Any]:
+        kubepods = f"{self.parent}/kubepods"
+        return {
+            "global": {
+                "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.hierarchy.version,
+                            "tickSeconds": TICK, "kubepods": False},
+                "workloads": {"groups": [
+                    {"match": f"{kubepods}/burstable/pod*", "class": "Burstable"},
+                    {"match": f"{kubepods}/pod*", "class": "Guaranteed", "priority": 1000},
+                ]},
+                "guard": {"objectives": [{
+                    "metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
+                    "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.5, 3),
+                }], "restoreStepPercent": 25, "targetMarginPercent": 4, **guard},
+                "actuation": {"ledgerPath": str(ledger)},
+                "http": {"enabled": False},
+                "gate": {"enabled": False},
+            }
+        }  # fmt: skip
+
+
+@contextlib.contextmanager
+def kubelet_node(hierarchy: rc.Hierarchy) -> Iterator[KubeletNode]:
+    parent = rc.unique_name()
+    with contextlib.ExitStack() as stack:
+        burners = [
+            stack.enter_context(rc.kubelet_pod(hierarchy, parent, "burstable", POD_LIMIT)) for _ in range(BURNERS)
+        ]
+        guaranteed = stack.enter_context(rc.kubelet_pod(hierarchy, parent, None, GUARANTEED_LIMIT))
+        node = KubeletNode(hierarchy, parent, burners, guaranteed)
+        node.record_originals()
+        try:
+            yield node
+        finally:
+            node.stop_all()
+
+
+@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
+def node(request: pytest.FixtureRequest) -> Iterator[KubeletNode]:
+    hierarchy = rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
+    with kubelet_node(hierarchy) as shaped:
+        yield shaped
+
+
+def waterline(node_cpus: int) -> float:
+    """70 % of the node, or higher where the machine's own work would not leave the burners a gap to make."""
+    baseline = node_cores(1.0)
+    return max(0.7 * node_cpus, min(baseline + 0.8, node_cpus - 0.4))
+
+
+@pytest.fixture
+def daemon(node: KubeletNode, tmp_path: Path) -> Iterator[DaemonProcess]:
+    threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
+    node.start()
+    time.sleep(1.0)
+    process = DaemonProcess(node.config(tmp_path / "run/ledger.json", threshold), tmp_path)
+    process.threshold = threshold  # type: ignore[attr-defined]
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def tick_readings(events: list[dict[str, Any]]) -> list[tuple[float | None, bool]]:
+    """Per tick: the daemon's node CPU reading and whether it throttled (from its debug log)."""
+    ticks = []
+    throttled = False
+    for event in events:
+        if event.get("event") == "throttle":
+            throttled = True
+        elif event.get("event") == "tick":
+            ticks.append(((event.get("readings") or {}).get("cpu_total_usage"), throttled))
+            throttled = False
+    return ticks
+
+
+def convergence(events: list[dict[str, Any]], threshold: float) -> tuple[int, list[float]] | None:
+    """(ticks from the first throttle to the first reading under the waterline, the readings after that)."""
+    readings = tick_readings(events)
+    first = next((i for i, (_, acted) in enumerate(readings) if acted), None)
+    if first is None:
+        return None
+    for i in range(first + 1, len(readings)):
+        value = readings[i][0]
+        if value is not None and value < threshold:
+            return i - first, [v for v, _ in readings[i:] if v is not None]
+    return None
+
+
+def test_converges_in_three_ticks_stays_under_and_restores_every_file(node: KubeletNode, daemon: DaemonProcess) -> None:
+    """Node CPU is under the waterline within 3 ticks of the first throttle and stays there; the Guaranteed pod is
+    never touched; when the burners stop every pod and container limit is back exactly, and the ledger is empty."""
+    threshold: float = daemon.threshold  # type: ignore[attr-defined]
+    daemon.start()
+
+    def settled() -> bool:
+        found = convergence(daemon.events(), threshold)
+        return found is not None and len(found[1]) >= SETTLE_TICKS
+
+    daemon.wait_for(settled, 20 * SLOW, f"{SETTLE_TICKS} ticks after getting under the waterline")
+    result = convergence(daemon.events(), threshold)
+    assert result is not None
+    ticks, after = result
+    log = "\n".join(daemon.ticks())
+    assert ticks <= 3, f"{ticks} ticks after the first throttle; ticks:\n{log}"
+    assert max(after[:SETTLE_TICKS]) < threshold, f"went back over the waterline {threshold}; ticks:\n{log}"
+    touched = {e["workload"] for e in daemon.events() if e.get("event") == "throttle"}
+    assert node.guaranteed.pod not in touched
+    assert not (node.changed() & {node.guaranteed.pod, node.guaranteed.container}), "the Guaranteed pod is untouched"
+    if node.hierarchy.version == "v1":
+        for pod in node.burners:
+            if pod.pod in node.throttled_pods():
+                assert node.hierarchy.limit(pod.container) == node.hierarchy.limit(pod.pod), "container capped too"
+
+    node.stop_burners()
+    daemon.wait_for(lambda: not node.changed(), 30 * SLOW, "every limit restored")
+    ledger = str(daemon.workdir / "run/ledger.json")
+    daemon.wait_for(lambda: not Ledger.load(ledger).entries, 5 * SLOW, "the ledger emptied")
+    daemon.signal(signal.SIGTERM)
+    assert daemon.wait(timeout=10 * SLOW) == 0
+
+
+def test_sigkill_then_restart_and_sigterm_put_every_file_back(node: KubeletNode, daemon: DaemonProcess) -> None:
+    """After SIGKILL every changed file is in the ledger and a restarted daemon restores them all; a SIGTERM
+    while throttles are held restores them all too."""
+    daemon.start()
+    daemon.wait_for(lambda: len(node.throttled_pods()) >= 2, 15 * SLOW, "throttles")
+    daemon.kill()
+    changed = node.changed()
+    assert changed
+    entries = Ledger.load(str(daemon.workdir / "run/ledger.json")).entries
+    recorded = {wid for wid in entries} | {child for e in entries.values() for child in e.children}
+    assert changed <= recorded, f"changed but not in the ledger: {changed - recorded}"
+
+    restarted = DaemonProcess(node.config(daemon.workdir / "run/ledger.json", 99.0), daemon.workdir)
+    restarted.start()
+    try:
+        restarted.wait_for(lambda: not node.changed(), 15 * SLOW, "restore on start")
+        restarted.wait_for(lambda: any(e.get("event") == "nodeguard running" for e in restarted.events()),
+                           10 * SLOW, "the restarted daemon running")  # fmt: skip
+        restarted.signal(signal.SIGTERM)
+        assert restarted.wait(timeout=10 * SLOW) == 0
+    finally:
+        restarted.kill()
+
+    home = daemon.workdir / "again"
+    home.mkdir()
+    again = DaemonProcess(node.config(home / "run/ledger.json", daemon.threshold), home)  # type: ignore[attr-defined]
+    again.start()
+    try:
+        again.wait_for(lambda: len(node.throttled_pods()) >= 1, 15 * SLOW, "a throttle")
+        again.signal(signal.SIGTERM)
+        assert again.wait(timeout=10 * SLOW) == 0
+        assert not node.changed(), f"left changed after SIGTERM: {node.changed()}"
+    finally:
+        again.kill()
+
+
+def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path: Path) -> None:
+    """v1 refuses the throttle of the least important pod (a limited cgroup deeper than nodeguard looks): in the
+    same tick the next pod is throttled, the refusal is logged with errno and file, and the pod is held back."""
+    with kubelet_node(rc.v1_cpu_hierarchy()) as node:
+        trap = node.burners[0]
+        deep = f"{trap.inner}/a/b"
+        with node.hierarchy.groups(deep):
+            node.hierarchy.set_limit(f"{trap.inner}/a", POD_LIMIT)
+            node.hierarchy.set_limit(deep, POD_LIMIT)
+            node.start()
+            time.sleep(1.0)
+            threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
+            config = node.config(tmp_path / "run/ledger.json", threshold)
+            config["global"]["workloads"]["groups"].insert(
+                0, {"match": trap.pod, "class": "Burstable", "priority": -100}  # sorts first: least important
+            )
+            listen = f"127.0.0.1:{free_port()}"
+            config["global"]["http"] = {"listen": listen}
+            process = DaemonProcess(config, tmp_path)
+            process.start()
+            try:
+                process.wait_for(
+                    lambda: any(e.get("event") == "quota write refused" for e in process.events()), 15, "a refusal"
+                )
+                process.wait_for(lambda: bool(node.throttled_pods()), 5, "another pod throttled")
+                events = process.events()
+                refused = next(e for e in events if e.get("event") == "quota write refused")
+                assert (refused["workload"], refused["error"], refused["file"]) == (trap.pod, "EINVAL",
+                                                                                    "cpu.cfs_quota_us")
+                at = events.index(refused)
+                next_tick = next(i for i in range(at, len(events)) if events[i].get("event") == "tick")
+                same_tick = [e["workload"] for e in events[at:next_tick] if e.get("event") == "throttle"]
+                assert same_tick and trap.pod not in same_tick, "the next pods were throttled in the same tick"
+                assert trap.pod not in node.throttled_pods()
+                assert node.hierarchy.limit(trap.container) == POD_LIMIT, "nothing half done"
+                assert sum(1 for e in events if e.get("event") == "quota write refused") == 1, "held back, not retried"
+                with urllib.request.urlopen(f"http://{listen}/status", timeout=5) as response:
+                    held = json.loads(response.read())["heldBack"]
+                assert held[trap.pod]["error"] == "EINVAL" and held[trap.pod]["retryInSeconds"] > 0
+                with urllib.request.urlopen(f"http://{listen}/metrics", timeout=5) as response:
+                    metrics = response.read().decode()
+                assert 'nodeguard_write_errors_total{errno="EINVAL"} 1.0' in metrics
+            finally:
+                process.kill()

@@ -1,0 +1,81 @@
+"""Elastic demand: batch work takes every core a throttle frees, so one tick's throttles must cover that too."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodeguard.model.samples import CpuMax
+from nodeguard.model.workloads import QosClass
+from nodeguard.policy.actions import Throttle
+from nodeguard.policy.planner import Plan, plan
+from nodeguard.policy.state import GuardState
+from tests.policy.builders import cpu_throttle, guard, snapshot, usage
+
+POD_LIMIT = CpuMax(150000)
+SETTINGS = guard(cpu_throttle(1.4, 1.0), minQuotaCores=0.05)
+
+
+def elastic_node(burner_waiting: float | None, important_waiting: float | None = 0.2) -> list:  # type: ignore[type-arg]
+    """Six burners that each want a whole core and get 0.28, and an important pod that wants 0.5 and gets 0.3."""
+    burners = [usage(f"be{i}", cores=0.28, waiting=burner_waiting, cpu_max=POD_LIMIT, priority=-i) for i in range(6)]
+    important = usage("g", qos=QosClass.GUARANTEED, cores=0.3, waiting=important_waiting, cpu_max=CpuMax(50000))
+    return [*burners, important]
+
+
+def predicted_node(p: Plan, workloads: list) -> float:  # type: ignore[type-arg]
+    """Node CPU once everyone took what they wanted within their (new) limits: demand = usage + wait."""
+    quotas = {a.workload_id: a.quota.cores for a in p.actions if isinstance(a, Throttle)}
+    total = 0.0
+    for u in workloads:
+        demand = u.cores + (u.waiting_cores or 0.0)
+        limit = quotas.get(u.workload.id, u.cpu_max.cores)
+        total += min(demand, limit if limit is not None else demand)
+    return total
+
+
+def test_one_tick_covers_what_the_others_would_take() -> None:
+    """On a saturated node the throttles leave room for the waiting work to expand and still land under the line."""
+    workloads = elastic_node(burner_waiting=0.72)
+    p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    throttled = [a.workload_id for a in p.actions if isinstance(a, Throttle)]
+    assert "g" not in throttled
+    assert len(throttled) == 6, "every burner would take what another gives up"
+    assert predicted_node(p, workloads) == pytest.approx(1.4, abs=0.02), "closes the gap, no more"
+    assert [a.workload_id for a in p.actions][:2] == ["be5", "be4"], "least important first"
+
+
+def test_without_wait_figures_it_lowers_what_the_usage_says() -> None:
+    """With no wait known (first tick, or none measured) the plan is the usage-only one: fewer throttles."""
+    workloads = elastic_node(burner_waiting=None, important_waiting=None)
+    p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    assert len([a for a in p.actions if isinstance(a, Throttle)]) < 6
+
+
+def test_waits_on_a_node_with_idle_cpu_are_latency_not_demand() -> None:
+    """Waits of threads on a node that still has idle CPU (wake-up latency) do not widen the throttle."""
+    workloads = [usage(f"w{i}", cores=0.5, waiting=0.05, priority=-i) for i in range(4)]
+    quiet = plan(snapshot(workloads, cpus=4, cores_used=2.5), GuardState(), guard(cpu_throttle(2.0, 1.5)))
+    none = plan(
+        snapshot([usage(f"w{i}", cores=0.5, priority=-i) for i in range(4)], cpus=4, cores_used=2.5),
+        GuardState(), guard(cpu_throttle(2.0, 1.5)),
+    )  # fmt: skip
+    assert [(a.workload_id, a.quota) for a in quiet.actions] == [(a.workload_id, a.quota) for a in none.actions]
+
+
+def test_a_starved_candidate_is_capped_too() -> None:
+    """A BestEffort burner that gets almost nothing (kubelet's weight 2) but waits a whole core is capped at its
+    floor: it would take what the others give up."""
+    starved = usage("be-starved", cores=0.01, waiting=0.99, cpu_max=POD_LIMIT, priority=-10)
+    busy = [usage(f"bu{i}", qos=QosClass.BURSTABLE, cores=0.66, waiting=0.34, cpu_max=POD_LIMIT) for i in range(3)]
+    p = plan(snapshot([starved, *busy], cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    quotas = {a.workload_id: a.quota for a in p.actions if isinstance(a, Throttle)}
+    assert quotas["be-starved"] == CpuMax(5000)
+
+
+def test_a_held_throttle_does_not_count_as_waiting_to_expand() -> None:
+    """A workload waiting only because its quota holds it back cannot take freed CPU: no extra throttling for it."""
+    held_back_by_quota = usage("held", cores=0.1, waiting=0.9, cpu_max=CpuMax(10000))
+    others = [usage(f"w{i}", cores=0.6, priority=-i) for i in range(3)]
+    with_it = plan(snapshot([held_back_by_quota, *others], cpus=2, cores_used=1.9), GuardState(), SETTINGS)
+    without = plan(snapshot(others, cpus=2, cores_used=1.9), GuardState(), SETTINGS)
+    assert [(a.workload_id, a.quota) for a in with_it.actions] == [(a.workload_id, a.quota) for a in without.actions]
