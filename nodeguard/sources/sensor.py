@@ -149,8 +149,9 @@ class Sensor:
     def _node_usage(self, sample: NodeSample, previous: Snapshot | None) -> NodeUsage:
         cpus = self.node.cpus
         utilization = None
-        if previous is not None:
-            busy = fraction(sample.cpu.busy - previous.node.cpu.busy, sample.cpu.total - previous.node.cpu.total)
+        before = None if previous is None else previous.node.cpu
+        if sample.cpu is not None and before is not None:
+            busy = fraction(sample.cpu.busy - before.busy, sample.cpu.total - before.total)
             utilization = None if busy is None else 100.0 * busy
         return NodeUsage(
             cpus=cpus,
