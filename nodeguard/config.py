@@ -30,7 +30,7 @@ from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.settings import GateSettings
 from nodeguard.kubernetes.settings import KubernetesSettings
-from nodeguard.model.workloads import QosClass
+from nodeguard.model.workloads import QosClass, is_kubepods_top
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Unit
 from nodeguard.policy.ranking import COMPARATORS
 from nodeguard.quantity import Quantity, parse_quantity
@@ -51,6 +51,23 @@ ThresholdValue = Annotated[
 ]
 
 
+def _kubepods_path(value: str) -> str:
+    path = value.strip("/")
+    parts = path.split("/")
+    if not path or ".." in parts or "." in parts or "" in parts:
+        raise ValueError("expected a cgroup path below the root, without '..'")
+    if not is_kubepods_top(parts[-1]):
+        raise ValueError("expected kubelet's kubepods cgroup itself: a path ending in kubepods or kubepods.slice")
+    return path
+
+
+KubepodsPath = Annotated[
+    str,
+    AfterValidator(_kubepods_path),
+    WithJsonSchema({"type": "string", "pattern": r"(^|/)(kubepods|kubepods\.slice|[^/]*-kubepods\.slice)/?$"}),
+]
+
+
 class SensingSettings(Model):
     cgroup_root: str = Field("/sys/fs/cgroup", description="cgroup mount (/host/sys/fs/cgroup in a pod)")
     proc_root: str = Field("/proc", description="proc mount (/host/proc in a pod without hostPID)")
@@ -58,6 +75,11 @@ class SensingSettings(Model):
     tick_seconds: float = Field(1.0, gt=0.01, le=3600)
     discovery_seconds: float = Field(5.0, gt=0, le=3600, description="how often to look for new workloads")
     kubepods: bool = Field(True, description="discover Kubernetes pod cgroups")
+    kubepods_paths: list[KubepodsPath] = Field(
+        [],
+        description="kubelet's kubepods cgroups below the cgroup root, e.g. kubepods.slice or "
+        "kubelet.slice/kubelet-kubepods.slice; empty: found by searching",
+    )
 
     @field_validator("cgroup_root", "proc_root")
     @classmethod

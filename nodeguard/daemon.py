@@ -253,8 +253,8 @@ class Daemon:
                 "cpus": snapshot.node.cpus,
                 "cores_used": snapshot.node.cores_used,
                 "memory_used": snapshot.node.memory_used,
-                "memory_total": snapshot.node.memory.total,
-                "load1": snapshot.node.load.load1,
+                "memory_total": None if snapshot.node.memory is None else snapshot.node.memory.total,
+                "load1": None if snapshot.node.load is None else snapshot.node.load.load1,
             },
             "plan": None if self.last_plan is None else plan_to_data(self.last_plan, candidate_limit=10),
             "throttles": {

@@ -148,9 +148,9 @@ class SignalWindow:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self._samples: deque[tuple[float, float, float | None]] = deque()
+        self._samples: deque[tuple[float, float | None, float | None]] = deque()
 
-    def add(self, now: float, load1: float, cpu_percent: float | None) -> None:
+    def add(self, now: float, load1: float | None, cpu_percent: float | None) -> None:
         self._samples.append((now, load1, cpu_percent))
         self._prune(now)
 
@@ -162,7 +162,7 @@ class SignalWindow:
 
     def signals(self, now: float) -> Signals:
         self._prune(now)
-        loads = [s[1] for s in self._samples]
+        loads = [s[1] for s in self._samples if s[1] is not None]
         cpus = [s[2] for s in self._samples if s[2] is not None]
         return Signals(
             load1=sum(loads) / len(loads) if loads else None,

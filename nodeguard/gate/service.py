@@ -186,7 +186,7 @@ class GateService:
 
     def observe(self, node: NodeUsage) -> None:
         now = time.monotonic()
-        self.window.add(now, node.load.load1, node.cpu_utilization)
+        self.window.add(now, None if node.load is None else node.load.load1, node.cpu_utilization)
         self.table.observe(self.window.signals(now), now)
         self.table.forget_failed(now)
         self._after()

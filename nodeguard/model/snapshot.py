@@ -29,27 +29,31 @@ class WorkloadUsage(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class NodeUsage:
+    """The node in one snapshot; a figure whose /proc file could not be read this tick is None."""
+
     cpus: int
-    cpu: ProcStatCpu
+    cpu: ProcStatCpu | None
     cores_used: float | None  # None on the first snapshot
     cpu_utilization: float | None  # percent of all cores
-    load: LoadAverage
-    memory: MemInfo
+    load: LoadAverage | None
+    memory: MemInfo | None
     cpu_pressure: Psi | None  # None before kernel 4.20 or with psi=0
     memory_pressure: Psi | None
     io_pressure: Psi | None
 
     @property
-    def memory_used(self) -> int:
-        return self.memory.total - self.memory.available
+    def memory_used(self) -> int | None:
+        return None if self.memory is None else self.memory.total - self.memory.available
 
     @property
-    def memory_utilization(self) -> float:
-        return 100.0 * self.memory_used / self.memory.total if self.memory.total else 0.0
+    def memory_utilization(self) -> float | None:
+        if self.memory is None or self.memory.total <= 0:
+            return None
+        return 100.0 * (self.memory.total - self.memory.available) / self.memory.total
 
     @property
-    def load_per_core(self) -> float:
-        return self.load.load1 / self.cpus
+    def load_per_core(self) -> float | None:
+        return None if self.load is None else self.load.load1 / self.cpus
 
 
 @dataclass(frozen=True, slots=True)

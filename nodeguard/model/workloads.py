@@ -43,3 +43,9 @@ class Workload:
     cpu_request_cores: float | None = None
     # False for a pod cgroup the Kubernetes metadata does not know (yet): never acted on.
     metadata_known: bool = True
+
+
+def is_kubepods_top(name: str) -> bool:
+    """Whether a cgroup's name is kubelet's top level: ``kubepods`` (cgroupfs driver) or
+    ``[<cgroup-root>-]kubepods.slice`` (systemd driver)."""
+    return name in ("kubepods", "kubepods.slice") or name.endswith("-kubepods.slice")

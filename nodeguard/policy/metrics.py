@@ -61,7 +61,7 @@ class Capability:
     sort_by: tuple[str, ...]  # comparator names, see policy.ranking
     # Incompressible resources (memory) are evicted before compressible ones.
     compressible: bool
-    read: Reader  # the node's value now; None when there is no (fresh) sample
+    read: Reader  # the node's value now; None when there is no (fresh) sample or its /proc file is unreadable
     capacity: Scale  # what a "100%" threshold means, in the metric's unit
     override: Override  # the node with this metric set to a value (what-if)
     # Metric units per unit of the workload resource (cores or bytes), for
@@ -75,19 +75,34 @@ class Capability:
 
 
 def _memory_total(node: NodeUsage) -> int | None:
-    return node.memory.total if node.memory.total > 0 else None
+    """None when /proc/meminfo could not be read this tick."""
+    return node.memory.total if node.memory is not None and node.memory.total > 0 else None
+
+
+def _memory_capacity(node: NodeUsage) -> float:
+    # 0 while meminfo is unreadable: a percentage then resolves to 0, but the
+    # metric reads None too, so no waterline is compared with it (missing-sample).
+    return float(_memory_total(node) or 0)
 
 
 def _memory_used(node: NodeUsage) -> float | None:
-    return None if _memory_total(node) is None else float(node.memory_used)
+    used = node.memory_used
+    return None if _memory_total(node) is None or used is None else float(used)
 
 
 def _memory_utilization(node: NodeUsage) -> float | None:
     return None if _memory_total(node) is None else node.memory_utilization
 
 
+def _memory_percent_per_byte(node: NodeUsage) -> float:
+    total = _memory_total(node)
+    return 0.0 if total is None else 100.0 / total
+
+
 def _set_memory_used(node: NodeUsage, used: float) -> NodeUsage:
-    total = node.memory.total
+    total = _memory_total(node)
+    if total is None:
+        raise ValueError("no memory reading on this node to set (/proc/meminfo unreadable)")
     return dataclasses.replace(node, memory=MemInfo(total, max(0, round(total - used))))
 
 
@@ -104,14 +119,13 @@ def _set_cpu_pressure(node: NodeUsage, value: float) -> NodeUsage:
 
 
 def _load_per_core(node: NodeUsage) -> float | None:
-    return node.load_per_core if node.cpus > 0 else None
+    return node.load_per_core if node.cpus > 0 else None  # None when /proc/loadavg is unreadable
 
 
 def _set_load_per_core(node: NodeUsage, value: float) -> NodeUsage:
-    load = node.load
-    return dataclasses.replace(
-        node, load=LoadAverage(value * node.cpus, load.load5, load.load15, load.runnable, load.threads)
-    )
+    load1 = value * node.cpus
+    load = node.load or LoadAverage(load1, load1, load1, 0, 0)
+    return dataclasses.replace(node, load=LoadAverage(load1, load.load5, load.load15, load.runnable, load.threads))
 
 
 def _hundred(node: NodeUsage) -> float:
@@ -166,7 +180,7 @@ CAPABILITIES: dict[Metric, Capability] = {
             sort_by=_MEMORY_SORT,
             compressible=False,
             read=_memory_used,
-            capacity=lambda node: float(node.memory.total),
+            capacity=_memory_capacity,
             override=_set_memory_used,
             per_resource_unit=lambda node: 1.0,
             percent_of="node memory",
@@ -183,8 +197,8 @@ CAPABILITIES: dict[Metric, Capability] = {
             compressible=False,
             read=_memory_utilization,
             capacity=_hundred,
-            override=lambda node, value: _set_memory_used(node, value * node.memory.total / 100.0),
-            per_resource_unit=lambda node: 100.0 / node.memory.total,
+            override=lambda node, value: _set_memory_used(node, value * _memory_capacity(node) / 100.0),
+            per_resource_unit=_memory_percent_per_byte,
         ),
         Capability(
             Metric.CPU_PRESSURE,

@@ -38,11 +38,11 @@ def what_if(snapshot: Snapshot, overrides: Mapping[str, float | str]) -> Snapsho
         cap = CAPABILITIES[metric]
         try:
             value = parse_quantity(raw, cap.unit).resolve(cap.capacity(node))
+            if not math.isfinite(value):
+                raise ValueError("not a finite amount")
+            node = cap.override(node, value)
         except ValueError as exc:
             raise WhatIfError(f"what-if: {metric}={raw!r}: {exc}") from None
-        if not math.isfinite(value):
-            raise WhatIfError(f"what-if: {metric}={raw!r}: not a finite amount")
-        node = cap.override(node, value)
     return dataclasses.replace(snapshot, node=node)
 
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from nodeguard.errors import CgroupGone, ParseError
+from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.samples import CgroupEvents, CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi, PsiTotals
 from nodeguard.sources.cgroupfs import (
     parse_cfs_quota,
@@ -29,6 +32,8 @@ from nodeguard.sources.cgroupfs import (
 )
 from nodeguard.sources.procfs import parse_loadavg, parse_meminfo, parse_proc_stat_cpu
 from nodeguard.sources.taskwait import TaskWait, subtree
+
+log = get_logger("nodeguard.readers")
 
 _ABSENT = -1
 _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
@@ -136,9 +141,10 @@ class V2Reader:
         if cpu is None or stat != last[0]:
             cpu = parse_cpu_stat(stat.decode())
         cpu_max = last[3] if limit == last[2] else (None if limit is None else parse_cpu_max(limit.decode()))
-        totals = last[5] if psi == last[4] else (None if psi is None else parse_psi_totals(psi.decode()))
+        # A cgroup being removed can read empty: that reading is missing, the CPU sample stands.
+        totals = last[5] if psi == last[4] else (parse_psi_totals(psi.decode()) if psi and psi.strip() else None)
         self._last = (stat, cpu, limit, cpu_max, psi, totals)
-        return cpu, cpu_max, totals, None if memory is None else int(memory), None
+        return cpu, cpu_max, totals, int(memory) if memory and memory.strip() else None, None
 
     def details(self) -> CgroupDetails:
         return read_details_v2(self.path)
@@ -148,22 +154,28 @@ class V2Reader:
         self._stat = self._max = self._psi = self._mem = _ABSENT
 
 
+def read_detail(path: str) -> str | None:
+    """A detail file's text; None when it is absent or empty (a cgroup being removed can read empty)."""
+    text = read_text(path)
+    return text if text and not text.isspace() else None
+
+
 def read_details_v2(path: str) -> CgroupDetails:
-    weight = read_text(path + "/cpu.weight")
-    cpu_pressure = read_text(path + "/cpu.pressure")
-    memory_max = read_text(path + "/memory.max")
-    events = read_text(path + "/memory.events")
-    pressure = read_text(path + "/memory.pressure")
+    weight = read_detail(path + "/cpu.weight")
+    cpu_pressure = read_detail(path + "/cpu.pressure")
+    memory_max = read_detail(path + "/memory.max")
+    events = read_detail(path + "/memory.events")
+    pressure = read_detail(path + "/memory.pressure")
     procs = read_text(path + "/cgroup.procs")
-    cgroup_events = read_text(path + "/cgroup.events")
+    cgroup_events = read_detail(path + "/cgroup.events")
     if procs is None:
         raise CgroupGone(path)
     return CgroupDetails(
         cpu_weight=parse_cpu_weight(weight) if weight is not None else None,
-        cpu_pressure=parse_psi(cpu_pressure) if cpu_pressure else None,
+        cpu_pressure=parse_psi(cpu_pressure) if cpu_pressure is not None else None,
         memory_max=parse_int_or_max(memory_max, "memory.max") if memory_max is not None else None,
         memory_events=parse_flat_keyed(events, "memory.events") if events is not None else None,
-        memory_pressure=parse_psi(pressure) if pressure else None,
+        memory_pressure=parse_psi(pressure) if pressure is not None else None,
         procs=parse_pids(procs),
         events=parse_cgroup_events(cgroup_events) if cgroup_events is not None else None,
     )
@@ -208,17 +220,18 @@ class V1Reader:
         cpu_max = None
         if _ABSENT not in (self._quota, self._period):
             cpu_max = parse_cfs_quota(pread_text(self._quota), pread_text(self._period))
-        psi = parse_psi_totals(pread_text(self._psi)) if self._psi != _ABSENT else None
-        memory = int(pread_text(self._mem)) if self._mem != _ABSENT else None
+        psi_text = _other_hierarchy(self._psi)
+        memory_text = _other_hierarchy(self._mem)
+        psi = parse_psi_totals(psi_text) if psi_text else None
         waited = self._wait.waited_ns() if self._wait is not None else None
-        return cpu, cpu_max, psi, memory, waited
+        return cpu, cpu_max, psi, int(memory_text) if memory_text else None, waited
 
     def details(self) -> CgroupDetails:
         procs = read_text(self.path + "/cgroup.procs")
         if procs is None:
             raise CgroupGone(self.path)
-        limit = read_text(self.memory_path + "/memory.limit_in_bytes") if self.memory_path else None
-        shares = read_text(self.path + "/cpu.shares")
+        limit = read_detail(self.memory_path + "/memory.limit_in_bytes") if self.memory_path else None
+        shares = read_detail(self.path + "/cpu.shares")
         return CgroupDetails(
             # cpu.shares 2..262144 maps onto cpu.weight 1..10000 as the kernel's v1/v2 bridge does.
             cpu_weight=1 + ((int(shares) - 2) * 9999) // 262142 if shares else None,
@@ -237,51 +250,86 @@ class V1Reader:
         self._usage = self._stat = self._quota = self._period = self._mem = self._psi = _ABSENT
 
 
+def _other_hierarchy(fd: int) -> str | None:
+    """A v1 workload's file outside its cpu hierarchy (memory, the v2 mount's PSI), stripped.
+
+    None when there is none, it reads empty, or its group went first: kubelet
+    removes a pod's group from each hierarchy in turn, and the cpu one decides
+    whether the workload is still there.
+    """
+    if fd == _ABSENT:
+        return None
+    try:
+        return pread_text(fd).strip() or None
+    except CgroupGone:
+        return None
+
+
 CgroupReader = V2Reader | V1Reader
 
 
 @dataclass(frozen=True, slots=True)
 class NodeSample:
-    cpu: ProcStatCpu
-    load: LoadAverage
-    memory: MemInfo
+    """The node's files this tick; a file that could not be read or parsed is None."""
+
+    cpu: ProcStatCpu | None
+    load: LoadAverage | None
+    memory: MemInfo | None
     cpu_pressure: Psi | None
     memory_pressure: Psi | None
     io_pressure: Psi | None
 
 
+_T = TypeVar("_T")
+
+
 class NodeReader:
-    """/proc/stat, /proc/loadavg, /proc/meminfo and /proc/pressure/*, kept open."""
+    """/proc/stat, /proc/loadavg, /proc/meminfo and /proc/pressure/*, kept open.
+
+    A node file that fails or reads badly leaves only what needs it without a
+    value this tick (warned once a minute per file); /proc/stat must be there
+    at start, for the number of CPUs.
+    """
 
     def __init__(self, proc_root: str = "/proc") -> None:
         self.proc_root = proc_root
         self._stat = os.open(f"{proc_root}/stat", _OPEN_FLAGS)
-        self._loadavg = os.open(f"{proc_root}/loadavg", _OPEN_FLAGS)
-        self._meminfo = os.open(f"{proc_root}/meminfo", _OPEN_FLAGS)
+        self._loadavg = open_optional(f"{proc_root}/loadavg")
+        self._meminfo = open_optional(f"{proc_root}/meminfo")
         self._psi = {kind: open_optional(f"{proc_root}/pressure/{kind}") for kind in ("cpu", "memory", "io")}
+        self._warnings = RateLimiter(60.0)
         self.cpus = count_cpus(pread_text(self._stat, 1 << 20))
 
-    def _pressure(self, kind: str) -> Psi | None:
-        fd = self._psi[kind]
+    def _read(
+        self, fd: int, name: str, parse: Callable[[str], _T], *, size: int = _BUFSIZE, warn: bool = True
+    ) -> _T | None:
         if fd == _ABSENT:
             return None
         try:
-            return parse_psi(pread_text(fd))
-        except OSError:  # psi=0 on the kernel command line: the file exists but fails
+            return parse(pread_text(fd, size))
+        except (OSError, CgroupGone, ParseError) as exc:
+            if warn and self._warnings.allow(name):
+                log.warning("node file unreadable; what needs it has no value this tick", file=name, error=str(exc))
             return None
 
     def sample(self) -> NodeSample:
+        root = self.proc_root
         return NodeSample(
-            cpu=parse_proc_stat_cpu(pread_text(self._stat, 512).split("\n", 1)[0]),
-            load=parse_loadavg(pread_text(self._loadavg)),
-            memory=parse_meminfo(pread_text(self._meminfo, 16384)),
-            cpu_pressure=self._pressure("cpu"),
-            memory_pressure=self._pressure("memory"),
-            io_pressure=self._pressure("io"),
+            cpu=self._read(self._stat, f"{root}/stat", _first_line_cpu, size=512),
+            load=self._read(self._loadavg, f"{root}/loadavg", parse_loadavg),
+            memory=self._read(self._meminfo, f"{root}/meminfo", parse_meminfo, size=16384),
+            # psi=0 on the kernel command line: the files exist but fail, every tick.
+            cpu_pressure=self._read(self._psi["cpu"], "cpu", parse_psi, warn=False),
+            memory_pressure=self._read(self._psi["memory"], "memory", parse_psi, warn=False),
+            io_pressure=self._read(self._psi["io"], "io", parse_psi, warn=False),
         )
 
     def close(self) -> None:
         _close_all([self._stat, self._loadavg, self._meminfo, *self._psi.values()])
+
+
+def _first_line_cpu(proc_stat: str) -> ProcStatCpu:
+    return parse_proc_stat_cpu(proc_stat.split("\n", 1)[0])
 
 
 def count_cpus(proc_stat: str) -> int:

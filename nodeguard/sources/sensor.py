@@ -13,7 +13,7 @@ from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.rates import fraction
 from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
 from nodeguard.model.workloads import Workload
-from nodeguard.sources.discovery import discover, own_cgroup_path, protect_self
+from nodeguard.sources.discovery import KubepodsLocator, discover, own_cgroup_path, protect_self
 from nodeguard.sources.paths import CgroupLayout, detect_layout
 from nodeguard.sources.readers import CgroupReader, NodeReader, NodeSample, V1Reader, V2Reader
 
@@ -43,6 +43,7 @@ class Sensor:
         self._clock = clock
         self._readers: dict[str, tuple[Workload, CgroupReader]] = {}
         self._next_discovery = float("-inf")
+        self.kubepods = KubepodsLocator()  # .tops: where kubelet's pods are, as of the last discovery
         self._previous: Snapshot | None = None
         self._warnings = RateLimiter(60.0)
         self.skipped = 0  # workload reads that failed and were skipped, all ticks
@@ -58,8 +59,9 @@ class Sensor:
 
     def rediscover(self) -> None:
         sensing = self.settings.sensing
+        tops = self.kubepods.locate(self.layout.tree, sensing.kubepods_paths) if sensing.kubepods else ()
         found = protect_self(
-            discover(self.layout.tree, self.settings.workloads.groups, sensing.kubepods),
+            discover(self.layout.tree, self.settings.workloads.groups, tops),
             self._own_path,
             os.environ.get("NODEGUARD_POD_UID") or None,
         )
@@ -154,8 +156,9 @@ class Sensor:
     def _node_usage(self, sample: NodeSample, previous: Snapshot | None) -> NodeUsage:
         cpus = self.node.cpus
         utilization = None
-        if previous is not None:
-            busy = fraction(sample.cpu.busy - previous.node.cpu.busy, sample.cpu.total - previous.node.cpu.total)
+        before = None if previous is None else previous.node.cpu
+        if sample.cpu is not None and before is not None:
+            busy = fraction(sample.cpu.busy - before.busy, sample.cpu.total - before.total)
             utilization = None if busy is None else 100.0 * busy
         return NodeUsage(
             cpus=cpus,

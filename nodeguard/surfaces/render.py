@@ -64,11 +64,12 @@ def render_snapshot(snapshot: Snapshot) -> str:
     head = (
         f"node at {when}  cgroup {snapshot.cgroup_version}  cpus {node.cpus}\n"
         f"  cpu     {_num(node.cores_used)} cores ({_num(node.cpu_utilization, '{:.1f}')}%)"
-        f"   load {node.load.load1:.2f} ({node.load_per_core:.2f}/core)"
+        f"   load {_num(None if node.load is None else node.load.load1)} ({_num(node.load_per_core)}/core)"
         f"   psi cpu {_psi10(node.cpu_pressure)} mem {_psi10(node.memory_pressure)}"
         f" io {_psi10(node.io_pressure)}\n"
-        f"  memory  {node.memory_used / GiB:.2f} of {node.memory.total / GiB:.2f} GiB"
-        f" ({node.memory_utilization:.1f}%)"
+        f"  memory  {_num(None if node.memory_used is None else node.memory_used / GiB)}"
+        f" of {_num(None if node.memory is None else node.memory.total / GiB)} GiB"
+        f" ({_num(node.memory_utilization, '{:.1f}')}%)"
     )
     rows = []
     for usage in sorted(snapshot.workloads.values(), key=lambda u: -(u.cores or 0.0)):

@@ -27,6 +27,10 @@ def fetch_status(listen: str, timeout: float = 5.0) -> dict[str, Any]:
         raise NodeguardError(f"cannot read {url}: {exc}; is nodeguard running with http enabled?") from None
 
 
+def _gib(value: Any) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
 def _fmt(value: Any, digits: int = 2) -> str:
     if value is None:
         return "-"
@@ -53,7 +57,7 @@ def render(status: dict[str, Any]) -> Group:
     head.add_row(
         f"cpu {_fmt(node.get('cores_used'))}/{node.get('cpus')} cores",
         f"load1 {_fmt(node.get('load1'))}",
-        f"memory {(node.get('memory_used') or 0) / 2**30:.1f}/{(node.get('memory_total') or 0) / 2**30:.1f} GiB",
+        f"memory {_gib(node.get('memory_used'))}/{_gib(node.get('memory_total'))} GiB",
         "",
     )
     waterlines = Table(title="waterlines", expand=True)

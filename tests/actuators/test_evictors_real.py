@@ -1,7 +1,9 @@
-"""Evictors on real cgroups: v2 freeze, SIGTERM, grace, cgroup.kill (this host's cgroup2 mount); v1 signals."""
+"""Evictors on real cgroups: v2 freeze, SIGTERM, grace, cgroup.kill (this host's cgroup2 mount and, kernel-marked,
+a pure v2 kernel); v1 signals."""
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import time
@@ -14,22 +16,42 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.evictors import CgroupEvictor
 from tests import realcgroups as rc
 
-# Exits on SIGTERM after writing a mark; the stubborn one ignores SIGTERM.
-POLITE = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[1], 'w').write('bye'), sys.exit(0)))\nwhile True: time.sleep(0.01)"
-STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.01)"
+# Each says "ready" once its SIGTERM handler is in place. The polite one exits
+# on SIGTERM after writing a mark; the stubborn one ignores SIGTERM.
+POLITE = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[1], 'w').write('bye'), sys.exit(0)))\n"
+    "print('ready', flush=True)\n"
+    "while True: time.sleep(0.01)"
+)
+STUBBORN = (
+    "import signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "print('ready', flush=True)\n"
+    "while True: time.sleep(0.01)"
+)
+READY_TIMEOUT_S = 60.0  # Python starts ~20 times slower in the kernel VM
 
 
 def spawn(code: str, group: Path, *args: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", code, *args])
-    time.sleep(0.3)  # let it install its handler
+    """A child in ``group`` whose signal handler is installed (it said so) before anything signals it."""
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    readable, _, _ = select.select([proc.stdout], [], [], READY_TIMEOUT_S)
+    line = proc.stdout.readline() if readable else b""
+    proc.stdout.close()
+    if line != b"ready\n":
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"child not ready within {READY_TIMEOUT_S} s: {line!r}")
     (group / "cgroup.procs").write_text(str(proc.pid))
     return proc
 
 
-@pytest.fixture(params=["v2", "v1"])
+@pytest.fixture(params=["v1", *rc.V2_KINDS])
 def setup(request: pytest.FixtureRequest) -> Iterator[tuple[CgroupEvictor, Path, str]]:
-    version = request.param
-    reason = rc.why_no_v2() if version == "v2" else rc.why_no_v1_cpu()
+    version = "v1" if request.param == "v1" else "v2"
+    reason = rc.why_no_v1_cpu() if version == "v1" else rc.why_no_v2_of(request.param)
     if reason:
         pytest.skip(reason)
     root = rc.v2_mount() if version == "v2" else rc.v1_hierarchy("cpu")

@@ -53,7 +53,9 @@ class KubeletNode:
     originals: dict[str, CpuMax] = field(default_factory=dict)
 
     def every_dir(self) -> list[str]:
-        return [rel for pod in [*self.burners, self.guaranteed] for rel in (pod.pod, pod.container, pod.inner, pod.sandbox)]
+        return [
+            rel for pod in [*self.burners, self.guaranteed] for rel in (pod.pod, pod.container, pod.inner, pod.sandbox)
+        ]
 
     def record_originals(self) -> None:
         self.originals = {rel: self.hierarchy.limit(rel) for rel in self.every_dir()}
@@ -78,15 +80,11 @@ class KubeletNode:
                 rc.stop(proc)
 
     def config(self, ledger: Path, threshold: float, **guard: Any) -> dict[str, Any]:
-        kubepods = f"{self.parent}/kubepods"
+        # Discovery finds the pods as kubelet laid them out: the class from the tier, Guaranteed pods at the top.
         return {
             "global": {
                 "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.hierarchy.version,
-                            "tickSeconds": TICK, "kubepods": False},
-                "workloads": {"groups": [
-                    {"match": f"{kubepods}/burstable/pod*", "class": "Burstable"},
-                    {"match": f"{kubepods}/pod*", "class": "Guaranteed", "priority": 1000},
-                ]},
+                            "tickSeconds": TICK, "kubepodsPaths": [f"{self.parent}/kubepods"]},
                 "guard": {"objectives": [{
                     "metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
                     "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.5, 3),
@@ -208,7 +206,7 @@ def test_sigkill_then_restart_and_sigterm_put_every_file_back(node: KubeletNode,
     changed = node.changed()
     assert changed
     entries = Ledger.load(str(daemon.workdir / "run/ledger.json")).entries
-    recorded = {wid for wid in entries} | {child for e in entries.values() for child in e.children}
+    recorded = set(entries) | {child for e in entries.values() for child in e.children}
     assert changed <= recorded, f"changed but not in the ledger: {changed - recorded}"
 
     restarted = DaemonProcess(node.config(daemon.workdir / "run/ledger.json", 99.0), daemon.workdir)
@@ -238,19 +236,21 @@ def test_sigkill_then_restart_and_sigterm_put_every_file_back(node: KubeletNode,
 def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path: Path) -> None:
     """v1 refuses the throttle of the least important pod (a limited cgroup deeper than nodeguard looks): in the
     same tick the next pod is throttled, the refusal is logged with errno and file, and the pod is held back."""
-    with kubelet_node(rc.v1_cpu_hierarchy()) as node:
-        trap = node.burners[0]
+    with (
+        kubelet_node(rc.v1_cpu_hierarchy()) as node,
+        rc.kubelet_pod(node.hierarchy, node.parent, "besteffort", None) as trap,
+    ):
+        # BestEffort sorts before Burstable: the trap is the first candidate. kubelet gives it no limit; a cgroup
+        # four levels down (deeper than nodeguard walks) has one, so v1 refuses any limit on the pod.
         deep = f"{trap.inner}/a/b"
         with node.hierarchy.groups(deep):
             node.hierarchy.set_limit(f"{trap.inner}/a", POD_LIMIT)
             node.hierarchy.set_limit(deep, POD_LIMIT)
             node.start()
+            node.procs.append(trap.start_busy())
             time.sleep(1.0)
             threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
             config = node.config(tmp_path / "run/ledger.json", threshold)
-            config["global"]["workloads"]["groups"].insert(
-                0, {"match": trap.pod, "class": "Burstable", "priority": -100}  # sorts first: least important
-            )
             listen = f"127.0.0.1:{free_port()}"
             config["global"]["http"] = {"listen": listen}
             process = DaemonProcess(config, tmp_path)
@@ -262,14 +262,17 @@ def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path
                 process.wait_for(lambda: bool(node.throttled_pods()), 5, "another pod throttled")
                 events = process.events()
                 refused = next(e for e in events if e.get("event") == "quota write refused")
-                assert (refused["workload"], refused["error"], refused["file"]) == (trap.pod, "EINVAL",
-                                                                                    "cpu.cfs_quota_us")
+                assert (refused["workload"], refused["error"], refused["file"]) == (
+                    trap.pod,
+                    "EINVAL",
+                    "cpu.cfs_quota_us",
+                )
                 at = events.index(refused)
                 next_tick = next(i for i in range(at, len(events)) if events[i].get("event") == "tick")
                 same_tick = [e["workload"] for e in events[at:next_tick] if e.get("event") == "throttle"]
                 assert same_tick and trap.pod not in same_tick, "the next pods were throttled in the same tick"
-                assert trap.pod not in node.throttled_pods()
-                assert node.hierarchy.limit(trap.container) == POD_LIMIT, "nothing half done"
+                assert node.hierarchy.limit(trap.pod) == UNLIMITED
+                assert node.hierarchy.limit(f"{trap.inner}/a") == POD_LIMIT, "nothing half done"
                 assert sum(1 for e in events if e.get("event") == "quota write refused") == 1, "held back, not retried"
                 with urllib.request.urlopen(f"http://{listen}/status", timeout=5) as response:
                     held = json.loads(response.read())["heldBack"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -14,24 +15,44 @@ from tests.kernel.vm import GUEST_OUT_DIR, REPO_ROOT, run_in_vm, vm_available
 VM_TIMEOUT_S = 600
 
 
-def _junit_totals(path: Path) -> dict[str, int]:
-    root = ET.parse(path).getroot()
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    keys = ("tests", "failures", "errors", "skipped")
-    return {key: sum(int(suite.get(key, "0")) for suite in suites) for key in keys}
+def _junit_name(node_id: str) -> tuple[str, str]:
+    """(classname, name) of a node id in a junit report, as pytest writes them."""
+    path, bracket, params = node_id.partition("[")
+    names = path.split("::")
+    names[0] = names[0].removesuffix(".py").replace("/", ".")
+    return ".".join(names[:-1]), names[-1] + bracket + params
 
 
-def _kernel_test_paths(session: pytest.Session) -> list[str]:
-    # Python runs ~20 times slower under emulation, and collecting means importing
-    # every test module, so the guest collects only the files holding this
-    # session's kernel tests; the whole tree when there are none here (say, this
-    # file run on its own).
-    files = {str(item.path) for item in session.items if item.get_closest_marker("kernel") is not None}
-    return sorted(files) or [str(REPO_ROOT / "tests")]
+def _junit_outcomes(path: Path) -> dict[tuple[str, str], str]:
+    """Each test case of a junit report by (classname, name): passed, failure, error or skipped."""
+    outcomes = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        kinds = sorted({child.tag for child in case} & {"failure", "error", "skipped"})
+        outcomes[(case.get("classname", ""), case.get("name", ""))] = kinds[0] if kinds else "passed"
+    return outcomes
+
+
+def _host_kernel_tests(session: pytest.Session) -> list[str]:
+    """The node ids of the ``kernel`` tests this host session collected.
+
+    When it collected none (this file run on its own), those of the whole tree.
+    Python runs ~20 times slower under emulation and collecting means importing
+    every test module, so the guest is handed these ids, not the tree.
+    """
+    ids = [item.nodeid for item in session.items if item.get_closest_marker("kernel") is not None]
+    if ids:
+        return ids
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "kernel", "-p", "no:cacheprovider", "tests"],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False,
+    )  # fmt: skip
+    ids = [line.strip() for line in listed.stdout.splitlines() if "::" in line]
+    assert ids, f"no kernel tests collected on the host:\n{listed.stdout}{listed.stderr}"
+    return ids
 
 
 def test_kernel_tests_pass_inside_vm(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """Every ``kernel``-marked test runs and passes, none skipped, in a VM with a pure cgroup v2 kernel."""
+    """Every ``kernel`` test this host collected runs and passes in a VM with a pure cgroup v2 kernel: the same set."""
     if os.environ.get("NODEGUARD_IN_VM") == "1":
         pytest.skip("already inside the kernel VM")
     if reason := vm_available():
@@ -39,21 +60,41 @@ def test_kernel_tests_pass_inside_vm(request: pytest.FixtureRequest, tmp_path: P
             pytest.skip(reason)
         pytest.fail(f"cannot run the kernel tests: {reason} (NODEGUARD_SKIP_VM=1 skips this)")
 
+    expected = _host_kernel_tests(request.session)
     # sys.executable, not its resolved path: the venv's bin/python is what
     # selects the same site-packages inside the guest. Hypothesis's plugin
     # imports (and assertion-rewrites) all of hypothesis at the end of the run:
     # 10-30 s under emulation for nothing the kernel tests use.
     command = [
         sys.executable, "-m", "pytest", "-m", "kernel", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-        f"--junitxml={GUEST_OUT_DIR}/junit.xml", *_kernel_test_paths(request.session),
+        f"--junitxml={GUEST_OUT_DIR}/junit.xml", *expected,
     ]  # fmt: skip
     result = run_in_vm(command, cwd=str(REPO_ROOT), out_dir=tmp_path, timeout=VM_TIMEOUT_S)
 
     assert result.exit_code == 0, f"kernel tests failed in the VM (exit code {result.exit_code}):\n{result.console}"
     junit = result.out_dir / "junit.xml"
     assert junit.is_file(), f"no junit report from the VM:\n{result.console}"
-    totals = _junit_totals(junit)
-    assert totals["tests"] > 0, f"no kernel tests ran in the VM:\n{result.console}"
-    assert (totals["failures"], totals["errors"], totals["skipped"]) == (0, 0, 0), (
-        f"kernel tests in the VM: {totals}:\n{result.console}"
-    )
+    outcomes = _junit_outcomes(junit)
+    passed = [key for key, outcome in outcomes.items() if outcome == "passed"]
+    not_passed = {node: outcomes.get(_junit_name(node), "not run") for node in expected}
+    not_passed = {node: outcome for node, outcome in not_passed.items() if outcome != "passed"}
+    assert not not_passed, f"of {len(expected)} kernel tests, {len(not_passed)} did not pass in the VM: {not_passed}"
+    assert len(passed) == len(expected), f"{len(expected)} kernel tests collected here, {len(passed)} passed in the VM"
+    print(f"{len(expected)} kernel tests collected here, {len(passed)} passed in the VM")  # shown by pytest -rP
+
+
+def test_junit_report_names_every_collected_test(tmp_path: Path) -> None:
+    """The VM's junit report is matched to host node ids (parametrized ones too) by the names pytest writes there."""
+    target = ["tests/sources/test_discovery.py", "-k", "cgroup_root_moves or kind_layout or crio"]
+    common = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", *target]
+    listed = subprocess.run([*common, "--collect-only", "-q"], capture_output=True, text=True, cwd=REPO_ROOT,
+                            timeout=120, check=False)  # fmt: skip
+    ids = [line.strip() for line in listed.stdout.splitlines() if "::" in line]
+    assert any("[" in node for node in ids), listed.stdout
+    report = tmp_path / "junit.xml"
+    ran = subprocess.run([*common, f"--junitxml={report}", "-q"], capture_output=True, text=True, cwd=REPO_ROOT,
+                         timeout=300, check=False)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    outcomes = _junit_outcomes(report)
+    assert {_junit_name(node) for node in ids} == set(outcomes)
+    assert set(outcomes.values()) <= {"passed", "skipped"}

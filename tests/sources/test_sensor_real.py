@@ -59,8 +59,8 @@ def test_v1_reads_quota_usage_and_throttling(v1_group: tuple[str, Path, Path]) -
 
 
 def test_v2_mount_reads_usage_and_pressure(v1_group: tuple[str, Path, Path]) -> None:
-    """In the cgroup2 mount a process limited to 0.4 cores (through v1) reads as ~0.4 cores with PSI."""
-    reason = rc.why_no_v2()
+    """Hybrid host: in the cgroup2 mount a process limited to 0.4 cores (through v1) reads as ~0.4 cores with PSI."""
+    reason = rc.why_no_v2_of("hybrid")
     if reason:
         pytest.skip(reason)
     mount = rc.v2_mount()
@@ -84,19 +84,45 @@ def test_v2_mount_reads_usage_and_pressure(v1_group: tuple[str, Path, Path]) -> 
     assert usage.cpu_stall_pct is not None and usage.cpu_stall_pct > 10
 
 
-def test_cgroup_removed_between_ticks_is_a_workload_that_left(v1_group: tuple[str, Path, Path]) -> None:
+@pytest.mark.kernel
+def test_pure_v2_reads_quota_usage_throttling_memory_and_pressure() -> None:
+    """Pure cgroup v2: a process under a 0.4-core cpu.max reads as ~0.4 cores, throttled, with memory and PSI."""
+    mount = rc.v2_mount()
+    assert mount is not None
+    name = rc.unique_name()
+    with rc.cgroups(mount / name) as [group]:
+        (group / "cpu.max").write_text("40000 100000")
+        busy = rc.start_busy(group)
+        sensor = Sensor(settings_for(mount, "v2", name))
+        try:
+            snapshot = sense_over(sensor, 1.5)
+        finally:
+            rc.stop(busy)
+            sensor.close()
+    usage = snapshot.workloads[name]
+    assert usage.cpu_max is not None and usage.cpu_max.cores == pytest.approx(0.4)
+    assert usage.cores == pytest.approx(0.4, abs=TOLERANCE)
+    assert usage.throttled_fraction is not None and usage.throttled_fraction > 0.5
+    assert usage.memory_bytes is not None and usage.memory_bytes > 0
+    assert usage.cpu_stall_pct is not None and usage.cpu_stall_pct > 10
+
+
+@pytest.mark.parametrize("kind", rc.V2_KINDS)
+def test_cgroup_removed_between_ticks_is_a_workload_that_left(kind: str) -> None:
     """A group removed after discovery drops out of the next snapshot without an error."""
-    reason = rc.why_no_v2()
+    reason = rc.why_no_v2_of(kind)
     if reason:
         pytest.skip(reason)
     mount = rc.v2_mount()
     assert mount is not None
-    name = v1_group[0] + "-gone"
+    name = rc.unique_name() + "-gone"
     with rc.cgroups(mount / name, mount / (name + "2")):
         sensor = Sensor(settings_for(mount, "v2", name + "*"))
         try:
             first = sensor.sense()
             assert {name, name + "2"} <= set(first.workloads)
+            if kind == "pure":  # every per-tick file is held open there, memory.current too
+                assert first.workloads[name].memory_bytes is not None
             (mount / name).rmdir()
             second = sensor.sense()
         finally:
