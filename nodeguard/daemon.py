@@ -205,8 +205,8 @@ class Daemon:
         the next candidates. Each pass starts from the tick's state: the planner
         stays pure, and what an earlier pass wrote is not written twice.
         """
-        before = self.state
-        state = before
+        # A limit resized behind a throttle is the new original before anything is planned on it.
+        state = self.executor.adopt_moves(snapshot, self.state)
         written: dict[str, CpuMax] = {}
         for attempt in range(1, MAX_PASSES + 1):
             plan = planner.plan(snapshot, state, self.settings.guard)

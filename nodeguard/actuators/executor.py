@@ -13,7 +13,7 @@ only once a pass has no refusals left.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -136,7 +136,7 @@ class Executor:
         for eviction in plan.actions:
             if isinstance(eviction, Evict):
                 self._evict(eviction)
-        state = self._reassert(snapshot, tick.state)
+        state = self._reassert(snapshot, tick.state, skip=tick.written)
         for workload_id in self._failed_evictions:
             state = state.without_eviction(workload_id)
         self._failed_evictions.clear()
@@ -170,8 +170,20 @@ class Executor:
             self._withhold(prepared, previous, tick, exc)
             full_restores_only = True
         for action, current, writes in prepared:
-            if full_restores_only and not (isinstance(action, Restore) and action.full):
-                continue
+            if full_restores_only:
+                if not isinstance(action, Restore):
+                    continue
+                if not action.full:
+                    # A step up that the ledger cannot mark as ours would strand a throttle it cannot
+                    # recognise after a crash: give the original back instead (it needs no ledger).
+                    action = replace(action, quota=action.original, full=True)
+                    try:
+                        current, writes = self.quota.plan(
+                            action.workload_id, action.quota, self._child_originals(action.workload_id)
+                        )
+                    except (CgroupGone, OSError, ParseError, ActuationRefused):
+                        continue
+                    tick.hold(action.workload_id, None)
             self._write(action, current, writes, tick)
 
     def _child_originals(self, workload_id: str) -> dict[str, CpuMax]:
@@ -226,7 +238,7 @@ class Executor:
         for action, _, _ in prepared:
             workload_id = action.workload_id
             old = previous[workload_id]
-            if isinstance(action, Restore) and action.full:
+            if isinstance(action, Restore):
                 continue  # the original needs no ledger: written now, forgotten after
             if old is None:
                 self.ledger.forget(workload_id)
@@ -244,10 +256,12 @@ class Executor:
     def _write(self, action: QuotaAction, current: CpuMax, writes: list[LimitWrite], tick: _Pass) -> None:
         workload_id = action.workload_id
         held = tick.before.throttles.get(workload_id)
-        last_applied = tick.done.get(workload_id, held.quota if held is not None else None)
-        context = self.quota.note_drift(
-            workload_id, current, last_applied, {"action": action.kind, "metric": str(action.metric)}
-        )
+        context: dict[str, object] = {"action": action.kind, "metric": str(action.metric)}
+        entry = self.ledger.entries.get(workload_id)
+        if held is not None and workload_id not in tick.done and entry is not None:
+            # Put back to its original behind nodeguard's back (kubelet resyncing): drift this write also fixes.
+            if entry.ownership(current) is Ownership.ORIGINAL:
+                context = self.quota.note_drift(workload_id, current, held.quota, context)
         try:
             self.quota.perform(writes, reason=action.reason, **context)
         except CgroupGone:
@@ -315,17 +329,69 @@ class Executor:
 
     # --- limits changed behind nodeguard -------------------------------------------
 
-    def _reassert(self, snapshot: Snapshot, state: GuardState) -> GuardState:
-        """Keep every held limit in place: put back what kubelet reset (drift), adopt what it resized."""
+    def adopt_moves(self, snapshot: Snapshot, state: GuardState, skip: Collection[str] = ()) -> GuardState:
+        """Before planning: a held limit someone set to a new value (an in-place resize) is the new original.
+
+        Neither nodeguard's value nor the recorded original: the ledger and the
+        throttle take it as the original, so the plan keeps the throttle under
+        it and a restore gives it back, not the stale one. A new limit at or
+        under the throttle leaves nothing to hold.
+        """
         for workload_id, held in list(state.throttles.items()):
+            usage = snapshot.workloads.get(workload_id)
+            entry = self.ledger.entries.get(workload_id)
+            if usage is None or usage.cpu_max is None or entry is None or workload_id in skip:
+                continue
+            if usage.cpu_max == held.quota and not entry.children:
+                continue  # the common case: nothing to read, nothing to do
+            try:
+                state = self._adopt_moves(workload_id, held, entry, usage.cpu_max, state)
+            except (CgroupGone, OSError, ParseError, ActuationRefused):
+                continue  # read again next tick
+        return state
+
+    def _adopt_moves(
+        self, workload_id: str, held: HeldThrottle, entry: LedgerEntry, current: CpuMax, state: GuardState
+    ) -> GuardState:
+        if entry.ownership(current) is Ownership.MOVED:
+            self.counters.moved_originals += 1
+            self.ledger.move_original(workload_id, current)
+            log.warning(
+                "limit changed behind nodeguard: taken as the new original",
+                workload=workload_id, original=current.render_v2(), was=entry.original,
+            )  # fmt: skip
+            if not rate_above(current, held.quota):
+                self.ledger.forget(workload_id)
+                self._save("releasing a resized workload")
+                return _with_throttle(state, workload_id, None)
+            state = _with_throttle(state, workload_id, replace(held, original=current))
+        for path, record in entry.children.items():
+            try:
+                found = self.quota.read(path)
+            except CgroupGone:
+                continue
+            if record.ownership(found) is Ownership.MOVED:
+                self.counters.moved_originals += 1
+                self.ledger.move_original(workload_id, found, child=path)
+        return state
+
+    def _reassert(self, snapshot: Snapshot, state: GuardState, skip: Collection[str]) -> GuardState:
+        """After acting: put back every held limit kubelet (or anyone) reset to its original: drift.
+
+        ``skip``: written this tick, so the snapshot's reading of them is stale.
+        """
+        state = self.adopt_moves(snapshot, state, skip)
+        for workload_id, held in list(state.throttles.items()):
+            if workload_id in skip:
+                continue
             usage = snapshot.workloads.get(workload_id)
             entry = self.ledger.entries.get(workload_id)
             if usage is None or usage.cpu_max is None or entry is None:
                 continue
             if usage.cpu_max == held.quota and not entry.children:
-                continue  # the common case: nothing to read, nothing to do
+                continue
             try:
-                state = self._reconcile(workload_id, held, entry, state)
+                self._put_back(workload_id, held, entry)
             except CgroupGone:
                 continue
             except (OSError, ParseError, ActuationRefused, LimitRefused) as exc:
@@ -334,45 +400,19 @@ class Executor:
                     log.error("cannot re-assert quota", workload=workload_id, error=str(exc))
         return state
 
-    def _reconcile(self, workload_id: str, held: HeldThrottle, entry: LedgerEntry, state: GuardState) -> GuardState:
-        current = self.quota.read(workload_id)
-        if entry.ownership(current) is Ownership.MOVED:
-            # An in-place resize (or an operator): the new limit is the original from now on.
-            self.counters.moved_originals += 1
-            self.ledger.move_original(workload_id, current)
-            log.warning(
-                "limit changed behind nodeguard: taken as the new original",
-                workload=workload_id, original=current.render_v2(), was=entry.original,
-            )  # fmt: skip
-            if not rate_above(current, held.quota):
-                # At or under what nodeguard held: nothing left to throttle.
-                self.ledger.forget(workload_id)
-                self._save("releasing a resized workload")
-                return _with_throttle(state, workload_id, None)
-            held = replace(held, original=current)
-            state = _with_throttle(state, workload_id, held)
-        for path, record in self.ledger.entries[workload_id].children.items():
-            try:
-                found = self.quota.read(path)
-            except CgroupGone:
-                continue
-            if record.ownership(found) is Ownership.MOVED:
-                self.counters.moved_originals += 1
-                self.ledger.move_original(workload_id, found, child=path)
+    def _put_back(self, workload_id: str, held: HeldThrottle, entry: LedgerEntry) -> None:
         current, writes = self.quota.plan(workload_id, held.quota, self._child_originals(workload_id))
         if not writes:
-            return state
-        entry = self.ledger.entries[workload_id]
+            return
         self.ledger.record(self._recorded(workload_id, held.original, held.quota, writes, entry.reason, pending=True))
         if not self._save("before re-asserting"):
             self.ledger.entries[workload_id] = entry
-            return state
+            return
         context = self.quota.note_drift(workload_id, current, held.quota, {"action": "reassert"})
         if current == held.quota:  # the workload's own limit is right: a child's was changed
             self.quota.note_drift(writes[0].path, writes[0].before, writes[0].after, {"action": "reassert"})
         self.quota.perform(writes, **context)
         self.ledger.record(self._recorded(workload_id, held.original, held.quota, writes, entry.reason, pending=False))
-        return state
 
     # --- evictions ---------------------------------------------------------------
 

@@ -21,10 +21,12 @@ class WorkloadUsage(NamedTuple):
     cores: float | None  # CPU used since the previous snapshot; None on first sight
     throttled_fraction: float | None  # of CFS periods since the previous snapshot
     cpu_stall_pct: float | None  # PSI "some" stall over the last interval, percent of time
-    # Cores' worth of time its threads were runnable but not running (v1: their
-    # run-queue delay; v2: PSI "some", a lower bound for several threads): what
-    # it would take of CPU freed elsewhere. None when not known (first sight).
+    # Cores' worth of time its threads were runnable but not running (their
+    # run-queue delay, CFS throttling included); None when not known (first
+    # sight, or idle). ``starved_cores``: the part of it from threads runnable
+    # the whole tick, work that would take CPU freed elsewhere.
     waiting_cores: float | None = None
+    starved_cores: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

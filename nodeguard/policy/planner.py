@@ -12,10 +12,11 @@ One tick, in order:
    towards the gaps of the others in the same tick.
    On a busy node, CPU freed by a throttle is taken by whatever waited to
    run (batch work wants every core it can get): the gap to close grows by
-   what runnable workloads waited for beyond the node's idle CPU, within
-   their own limits, and each candidate's release is measured from its
-   demand (what it used plus what it waited for), so one tick's throttles
-   hold the node under the waterline once the others have expanded.
+   what the threads that never slept waited for (``starved_cores``) beyond
+   the node's idle CPU, within each workload's own limit, and each
+   candidate's release is measured from its demand (what it used plus that
+   wait), so one tick's throttles hold the node under the waterline once
+   the others have expanded.
 2. Evict (last resort): incompressible metrics first. The gap left after this
    tick's throttles and the evictions still terminating is closed by the
    fewest candidates, within the eviction budget.
@@ -313,8 +314,8 @@ class _Tick:
         return held.quota if held is not None else usage.cpu_max
 
     def _waiting(self, usage: WorkloadUsage) -> float:
-        """What it waited for, in cores, as far as its own limit would let it have it."""
-        waiting = usage.waiting_cores
+        """What its never-sleeping threads waited for, in cores, as far as its own limit would let it have it."""
+        waiting = usage.starved_cores
         if not waiting or usage.cores is None:
             return 0.0
         limit = self._current_limit(usage)
@@ -352,7 +353,7 @@ class _Tick:
             return None  # no cpu controller: nothing to throttle with
         # Its demand: what it used and what it waited for (counted in absorbing()); a
         # workload starved by the others still takes what a throttle frees.
-        used = cores + (self._unmet(usage) if want and usage.waiting_cores else 0.0)
+        used = cores + (self._unmet(usage) if want and usage.starved_cores else 0.0)
         request = usage.workload.cpu_request_cores or 0.0
         if used - self.guard.min_quota_cores < CLOSED_CORES or used - request < CLOSED_CORES:
             return None  # at its floor: the common case on a busy node, so decided before any lookup

@@ -31,7 +31,7 @@ from nodeguard.sources.cgroupfs import (
     parse_psi_totals,
 )
 from nodeguard.sources.procfs import parse_loadavg, parse_meminfo, parse_proc_stat_cpu
-from nodeguard.sources.taskwait import TaskWait, subtree
+from nodeguard.sources.taskwait import TaskWait, Waits, subtree
 
 log = get_logger("nodeguard.readers")
 
@@ -40,9 +40,9 @@ _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _BUFSIZE = 4096
 
-# cpu.stat, the CPU limit, cpu.pressure totals, memory in use, and (v1) the run-queue wait
-# of its threads since the last sample, in ns.
-RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None, int | None]
+# cpu.stat, the CPU limit, cpu.pressure totals, memory in use, and the run-queue waits of its
+# threads since the last sample (None when not followed).
+RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None, Waits | None]
 
 
 def open_optional(path: str) -> int:
@@ -101,17 +101,26 @@ _Parsed = tuple[object, CpuStat | None, object, CpuMax | None, object, PsiTotals
 _UNREAD: _Parsed = (object(), None, object(), None, object(), None)  # equal to no bytes: everything is parsed
 
 
-class V2Reader:
-    """cgroup v2: cpu.stat (required), cpu.max, cpu.pressure, memory.current."""
+def _follow(waits: TaskWait | None, threads: bool) -> Waits | None:
+    if waits is None:
+        return None
+    if not threads:
+        waits.pause()
+        return None
+    return waits.sample()
 
-    __slots__ = ("_last", "_max", "_mem", "_psi", "_stat", "path")
+
+class V2Reader:
+    """cgroup v2: cpu.stat (required), cpu.max, cpu.pressure, memory.current; its threads' run-queue wait."""
+
+    __slots__ = ("_last", "_max", "_mem", "_psi", "_stat", "_wait", "path")
 
     # A file whose bytes did not change since the last tick parses to the same
     # value: reuse it. Idle cgroups (sandboxes, sleeping services) are common,
     # and a bytes comparison costs a fraction of a parse. Off only to measure.
     reuse_unchanged = True
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, proc_root: str | None = "/proc") -> None:
         self.path = path
         self._last: _Parsed = _UNREAD
         stat = open_optional(path + "/cpu.stat")
@@ -123,8 +132,15 @@ class V2Reader:
         self._max = open_optional(path + "/cpu.max")
         self._psi = open_optional(path + "/cpu.pressure")
         self._mem = open_optional(path + "/memory.current")
+        self._wait = TaskWait(subtree(path), proc_root, "cgroup.threads") if proc_root is not None else None
 
-    def sample(self) -> RawSample:
+    def rescan(self) -> None:
+        """Follow the threads of descendants that appeared or left since (containers starting, stopping)."""
+        if self._wait is not None:
+            self._wait.watch(subtree(self.path))
+
+    def sample(self, threads: bool = True) -> RawSample:
+        """One reading; ``threads``: follow its threads' waits too (skipped for idle workloads)."""
         # The hottest code in nodeguard: one call per workload per tick.
         pread = os.pread
         try:
@@ -144,12 +160,15 @@ class V2Reader:
         # A cgroup being removed can read empty: that reading is missing, the CPU sample stands.
         totals = last[5] if psi == last[4] else (parse_psi_totals(psi.decode()) if psi and psi.strip() else None)
         self._last = (stat, cpu, limit, cpu_max, psi, totals)
-        return cpu, cpu_max, totals, int(memory) if memory and memory.strip() else None, None
+        waits = _follow(self._wait, threads)
+        return cpu, cpu_max, totals, int(memory) if memory and memory.strip() else None, waits
 
     def details(self) -> CgroupDetails:
         return read_details_v2(self.path)
 
     def close(self) -> None:
+        if self._wait is not None:
+            self._wait.close()
         _close_all([self._stat, self._max, self._psi, self._mem])
         self._stat = self._max = self._psi = self._mem = _ABSENT
 
@@ -213,7 +232,8 @@ class V1Reader:
         if self._wait is not None:
             self._wait.watch(subtree(self.path))
 
-    def sample(self) -> RawSample:
+    def sample(self, threads: bool = True) -> RawSample:
+        """One reading; ``threads``: follow its threads' waits too (skipped for idle workloads)."""
         usage = pread_text(self._usage)
         stat = pread_text(self._stat) if self._stat != _ABSENT else ""
         cpu = parse_cpu_stat_v1(stat, usage)
@@ -223,8 +243,7 @@ class V1Reader:
         psi_text = _other_hierarchy(self._psi)
         memory_text = _other_hierarchy(self._mem)
         psi = parse_psi_totals(psi_text) if psi_text else None
-        waited = self._wait.waited_ns() if self._wait is not None else None
-        return cpu, cpu_max, psi, int(memory_text) if memory_text else None, waited
+        return cpu, cpu_max, psi, int(memory_text) if memory_text else None, _follow(self._wait, threads)
 
     def details(self) -> CgroupDetails:
         procs = read_text(self.path + "/cgroup.procs")

@@ -20,9 +20,13 @@ from nodeguard.sources.readers import CgroupReader, NodeReader, NodeSample, V1Re
 log = get_logger("nodeguard.sensor")
 
 
+# A workload using less CPU than this has no threads worth following for their waits.
+ACTIVE_CORES = 0.005
+
+
 def open_reader(layout: CgroupLayout, workload_id: str, proc_root: str = "/proc") -> CgroupReader:
     if layout.version == "v2":
-        return V2Reader(f"{layout.tree}/{workload_id}")
+        return V2Reader(f"{layout.tree}/{workload_id}", proc_root)
     assert layout.cpu is not None and layout.cpuacct is not None
     return V1Reader(
         f"{layout.cpu}/{workload_id}",
@@ -72,8 +76,7 @@ class Sensor:
             if held is not None:
                 if held[0] != workload:  # e.g. a container started in the pod
                     self._readers[workload_id] = (workload, held[1])
-                if isinstance(held[1], V1Reader):
-                    held[1].rescan()
+                held[1].rescan()
                 continue
             try:
                 self._readers[workload_id] = (workload, open_reader(self.layout, workload_id, sensing.proc_root))
@@ -111,8 +114,11 @@ class Sensor:
         before_get = before.get
         make = WorkloadUsage
         for workload_id, (workload, reader) in self._readers.items():
+            old = before_get(workload_id)
+            # Threads are followed only where there is CPU use to speak of (or none known yet).
+            threads = old is None or old.cores is None or old.cores >= ACTIVE_CORES
             try:
-                cpu, cpu_max, psi, memory, waited = reader.sample()
+                cpu, cpu_max, psi, memory, waits = reader.sample(threads)
             except CgroupGone:
                 gone.append(workload_id)
                 continue
@@ -120,8 +126,7 @@ class Sensor:
                 self.skipped += 1
                 self._warn(workload_id, "workload skipped this tick", exc)
                 continue
-            cores = throttled = stall = waiting = None
-            old = before_get(workload_id)
+            cores = throttled = stall = waiting = starved = None
             if old is not None and usec > 0:
                 old_cpu = old.cpu
                 used = cpu.usage_usec - old_cpu.usage_usec
@@ -135,11 +140,12 @@ class Sensor:
                     some, old_some = psi.some_usec, old.cpu_pressure.some_usec
                     if some is not None and old_some is not None and some >= old_some:
                         stall = 100.0 * (some - old_some) / usec
-                if waited is not None:
-                    waiting = waited / 1000.0 / usec
-                elif stall is not None:
-                    waiting = stall / 100.0
-            usages[workload_id] = make(workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting)
+            if waits is not None and waits.interval_ns > 0:
+                waiting = waits.waited_ns / waits.interval_ns
+                starved = waits.starved_ns / waits.interval_ns
+            usages[workload_id] = make(
+                workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved
+            )
         for workload_id in gone:
             self._drop(workload_id)
         snapshot = Snapshot(

@@ -1,80 +1,140 @@
 """How long a cgroup's threads waited to run: the run-queue delay in ``/proc/<tid>/schedstat``.
 
-cgroup v1 has no per-cgroup CPU pressure, so the wait is summed over the
-threads of the workload's subtree (the ``tasks`` files list them): the second
-field of each thread's schedstat is the nanoseconds it was runnable but not
-running. The sum of a tick's deltas, divided by the tick, is in cores: how
-much more CPU the workload would have used had it been given it (with CFS
-bandwidth throttling counted too: a throttled thread is runnable).
+Each thread's schedstat gives the nanoseconds it ran and the nanoseconds it
+was runnable but not running (CFS bandwidth throttling counted: a throttled
+thread is runnable). Summed over the threads of a workload's subtree (the
+``tasks`` files on v1, ``cgroup.threads`` on v2), a tick's deltas divided by
+the tick are in cores:
 
-The threads' schedstat descriptors are kept open (the kernel regenerates the
-text on every pread); the ``tasks`` lists are opened afresh each time, as v1
-caches a list per open file for a second and a kept-open one goes stale. A
-thread first seen contributes from its second tick on, so a new thread's whole
-life is never counted as one tick's wait.
+- ``waited``: all of it. For a workload nodeguard protects this is harm
+  (its work is late), wake-up latency included.
+- ``starved``: only the wait of threads that were runnable the whole tick.
+  A thread that slept part of it got the CPU it asked for in the end (given
+  more, it would finish sooner and sleep more); one that never sleeps is
+  work that would take whatever CPU a throttle elsewhere frees.
+
+The threads' descriptors are kept open (the kernel regenerates the text on
+every pread). v1 caches a ``tasks`` list per open file for a second, so its
+lists are opened afresh each time; v2's ``cgroup.threads`` is read through a
+kept-open descriptor. A thread first seen counts from its second tick on.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _GONE = frozenset({errno.ENOENT, errno.ESRCH, errno.ENODEV})
 # Kept-open thread descriptors across all workloads; past this, threads are opened per read.
 MAX_KEPT_OPEN = 4096
+# Runnable (running or waiting) for this share of the tick: a thread that does not sleep.
+ALWAYS_RUNNABLE = 0.9
+
+
+class Waits(NamedTuple):
+    """Nanoseconds of run-queue wait over ``interval_ns``: of every thread, and of threads that never slept."""
+
+    waited_ns: int
+    starved_ns: int
+    interval_ns: int
 
 
 class TaskWait:
-    """Sum of the run-queue waits of the threads in a set of cgroup directories, per call."""
+    """The run-queue waits of the threads in a set of cgroup directories, per call."""
 
     kept_open = 0  # across all instances
 
-    def __init__(self, directories: Iterable[str], proc_root: str = "/proc") -> None:
+    def __init__(
+        self,
+        directories: Iterable[str],
+        proc_root: str = "/proc",
+        list_name: str = "tasks",
+        clock: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
         self.proc_root = proc_root
-        self._lists: list[str] = []
-        self._threads: dict[int, tuple[int, int]] = {}  # tid -> (descriptor or -1, last wait in ns)
+        self.list_name = list_name
+        self._clock = clock
+        self._keep_lists = list_name != "tasks"  # v1's "tasks" goes stale when kept open
+        self._lists: dict[str, int] = {}  # path -> kept-open descriptor, or -1
+        self._threads: dict[int, tuple[int, int, int]] = {}  # tid -> (descriptor or -1, run ns, wait ns)
+        self._last: int | None = None
         self.watch(directories)
 
     def watch(self, directories: Iterable[str]) -> None:
-        """Follow these directories' ``tasks`` files (the workload and its descendants, as found now)."""
-        self._lists = [f"{directory}/tasks" for directory in directories]
+        """Follow these directories' thread lists (the workload and its descendants, as found now)."""
+        wanted = {f"{directory}/{self.list_name}" for directory in directories}
+        for path in self._lists.keys() - wanted:
+            self._close_list(path)
+        for path in wanted - self._lists.keys():
+            fd = -1
+            if self._keep_lists:
+                try:
+                    fd = os.open(path, _OPEN_FLAGS)
+                except OSError as exc:
+                    if exc.errno not in _GONE:
+                        raise
+                    continue
+            self._lists[path] = fd
+
+    def _close_list(self, path: str) -> None:
+        fd = self._lists.pop(path)
+        if fd >= 0:
+            os.close(fd)
 
     def _tids(self) -> set[int]:
         tids: set[int] = set()
-        for path in list(self._lists):
+        for path, fd in list(self._lists.items()):
             try:
-                with open(path, "rb") as handle:
-                    data = handle.read()
+                if fd >= 0:
+                    data = _pread_all(fd)
+                else:
+                    with open(path, "rb") as handle:
+                        data = handle.read()
             except OSError as exc:
                 if exc.errno not in _GONE:
                     raise
-                self._lists.remove(path)  # a container that left
+                self._close_list(path)  # a container that left
                 continue
             tids.update(int(tid) for tid in data.split())
         return tids
 
-    def waited_ns(self) -> int:
-        """Nanoseconds the threads waited since the last call (0 on the first)."""
+    def sample(self) -> Waits | None:
+        """The waits since the last call; None on the first (or after ``pause``)."""
+        now = self._clock()
         tids = self._tids()
         for tid in self._threads.keys() - tids:
             self._forget(tid)
-        total = 0
+        last = self._last
+        interval = 0 if last is None else now - last
+        waited = starved = 0
         for tid in tids:
             held = self._threads.get(tid)
-            wait = self._read(tid, held[0] if held is not None else -1)
-            if wait is None:
+            read = self._read(tid, held[0] if held is not None else -1)
+            if read is None:
                 if held is not None:
                     self._forget(tid)
                 continue
-            fd, value = wait
-            if held is not None and value >= held[1]:
-                total += value - held[1]
-            self._threads[tid] = (fd, value)
-        return total
+            fd, run, wait = read
+            if held is not None and run >= held[1] and wait >= held[2]:
+                ran, queued = run - held[1], wait - held[2]
+                waited += queued
+                if interval > 0 and ran + queued >= ALWAYS_RUNNABLE * interval:
+                    starved += queued
+            self._threads[tid] = (fd, run, wait)
+        self._last = now
+        return None if last is None else Waits(waited, starved, interval)
 
-    def _read(self, tid: int, fd: int) -> tuple[int, int] | None:
+    def pause(self) -> None:
+        """Stop following the threads (an idle workload): the next sample starts afresh."""
+        for tid in list(self._threads):
+            self._forget(tid)
+        self._last = None
+
+    def _read(self, tid: int, fd: int) -> tuple[int, int, int] | None:
         path = f"{self.proc_root}/{tid}/schedstat"
         try:
             if fd < 0 and TaskWait.kept_open < MAX_KEPT_OPEN:
@@ -90,18 +150,20 @@ class TaskWait:
                 return None  # the thread exited between the list and the read
             raise
         fields = text.split()
-        return fd, int(fields[1]) if len(fields) > 1 else 0
+        if len(fields) < 2:
+            return None
+        return fd, int(fields[0]), int(fields[1])
 
     def _forget(self, tid: int) -> None:
-        fd, _ = self._threads.pop(tid)
+        fd, _, _ = self._threads.pop(tid)
         if fd >= 0:
             os.close(fd)
             TaskWait.kept_open -= 1
 
     def close(self) -> None:
-        for tid in list(self._threads):
-            self._forget(tid)
-        self._lists.clear()
+        self.pause()
+        for path in list(self._lists):
+            self._close_list(path)
 
 
 def subtree(directory: str, depth: int = 3) -> list[str]:
@@ -118,3 +180,11 @@ def subtree(directory: str, depth: int = 3) -> list[str]:
         found += subtree(child, depth - 1)
     return found
 
+
+def _pread_all(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    offset = 0
+    while chunk := os.pread(fd, 65536, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)

@@ -42,7 +42,7 @@ def usage(
     # Fields the policy does not read stay None, so a new model field does not break the builder.
     fields: dict[str, Any] = dict.fromkeys(WorkloadUsage._fields)
     fields.update(
-        workload=workload, cpu=CpuStat(0), cpu_max=cpu_max, memory_bytes=memory, cores=cores, waiting_cores=waiting
+        workload=workload, cpu=CpuStat(0), cpu_max=cpu_max, memory_bytes=memory, cores=cores, starved_cores=waiting
     )
     return WorkloadUsage(**fields)
 

@@ -27,7 +27,7 @@ def predicted_node(p: Plan, workloads: list) -> float:  # type: ignore[type-arg]
     quotas = {a.workload_id: a.quota.cores for a in p.actions if isinstance(a, Throttle)}
     total = 0.0
     for u in workloads:
-        demand = u.cores + (u.waiting_cores or 0.0)
+        demand = u.cores + (u.starved_cores or 0.0)
         limit = quotas.get(u.workload.id, u.cpu_max.cores)
         total += min(demand, limit if limit is not None else demand)
     return total

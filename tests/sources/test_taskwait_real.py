@@ -6,80 +6,115 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
-from nodeguard.sources.taskwait import TaskWait, subtree
+from nodeguard.sources.taskwait import TaskWait, Waits, subtree
 from tests import realcgroups as rc
+from tests.workloads import DUTY_CYCLE
 
 PINNED_BUSY = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+PINNED_DUTY = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[2])})\n" + DUTY_CYCLE
 
 
-def pinned(cpu: int, hierarchy: rc.Hierarchy, rel: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", PINNED_BUSY, str(cpu)])
+@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
+def hierarchy(request: pytest.FixtureRequest) -> rc.Hierarchy:
+    if os.cpu_count() is None or (os.cpu_count() or 0) < 2:
+        pytest.skip("needs two CPUs")
+    return rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
+
+
+def start(code: str, args: list[str], hierarchy: rc.Hierarchy, rel: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", code, *args])
     for group in hierarchy.dirs(rel):
         (group / "cgroup.procs").write_text(str(proc.pid))
     return proc
 
 
 def usage_ns(hierarchy: rc.Hierarchy, rel: str) -> int:
+    if hierarchy.version == "v2":
+        line = next(x for x in (hierarchy.writable / rel / "cpu.stat").read_text().splitlines() if x.startswith("usage"))
+        return int(line.split()[1]) * 1000
     return int((hierarchy.roots[-1] / rel / "cpuacct.usage").read_text())
 
 
-def measure(wait: TaskWait, hierarchy: rc.Hierarchy, rel: str, seconds: float) -> tuple[float, float]:
-    """(cores waited, cores used) over ``seconds``."""
-    wait.waited_ns()
-    used, start = usage_ns(hierarchy, rel), time.monotonic()
+def waits_of(hierarchy: rc.Hierarchy, rel: str) -> TaskWait:
+    return TaskWait(subtree(str(hierarchy.writable / rel)), list_name="tasks" if hierarchy.version == "v1" else "cgroup.threads")
+
+
+def measure(wait: TaskWait, hierarchy: rc.Hierarchy, rel: str, seconds: float) -> tuple[Waits, float]:
+    """(the waits, cores used) over ``seconds``."""
+    assert wait.sample() is None, "the first sample is the baseline"
+    used, start_at = usage_ns(hierarchy, rel), time.monotonic()
     time.sleep(seconds)
-    waited = wait.waited_ns()
-    elapsed = time.monotonic() - start
-    return waited / 1e9 / elapsed, (usage_ns(hierarchy, rel) - used) / 1e9 / elapsed
+    found = wait.sample()
+    assert found is not None
+    return found, (usage_ns(hierarchy, rel) - used) / 1e9 / (time.monotonic() - start_at)
 
 
-def test_busy_threads_wait_for_what_they_do_not_get() -> None:
-    """An always-runnable thread is running or waiting: two pinned to one CPU wait 2 cores minus what they got,
-    one alone on a CPU waits 1 core minus what it got (other work on the machine takes the rest)."""
-    if os.cpu_count() is None or (os.cpu_count() or 0) < 2:
-        pytest.skip("needs two CPUs")
-    hierarchy = rc.v1_cpu_hierarchy()
-    parent = rc.unique_name()
-    with hierarchy.groups(f"{parent}/shared/c", f"{parent}/alone"):
-        shared, alone = f"{parent}/shared", f"{parent}/alone"
-        procs = [pinned(0, hierarchy, f"{shared}/c"), pinned(0, hierarchy, f"{shared}/c"), pinned(1, hierarchy, alone)]
+@pytest.fixture
+def parent(hierarchy: rc.Hierarchy) -> Iterator[str]:
+    name = rc.unique_name()
+    with hierarchy.groups(f"{name}/shared/c", f"{name}/alone", f"{name}/sleepy"):
+        yield name
+
+
+def test_busy_threads_wait_for_what_they_do_not_get(hierarchy: rc.Hierarchy, parent: str) -> None:
+    """An always-runnable thread is running or waiting: two pinned to one CPU wait 2 cores minus what they got
+    (threads in a child cgroup counted), all of it starved demand."""
+    procs = [start(PINNED_BUSY, ["0"], hierarchy, f"{parent}/shared/c") for _ in range(2)]
+    try:
+        time.sleep(0.2)
+        wait = waits_of(hierarchy, f"{parent}/shared")
         try:
-            time.sleep(0.2)
-            together = TaskWait(subtree(str(hierarchy.writable / shared)))
-            single = TaskWait(subtree(str(hierarchy.writable / alone)))
-            try:
-                waited, used = measure(together, hierarchy, shared, 1.0)
-                assert waited == pytest.approx(2.0 - used, abs=0.15), "threads below the pod's directory count too"
-                assert waited > 0.7
-                waited, used = measure(single, hierarchy, alone, 1.0)
-                assert waited == pytest.approx(1.0 - used, abs=0.15)
-            finally:
-                together.close()
-                single.close()
-        finally:
-            for proc in procs:
-                rc.stop(proc)
-
-
-def test_threads_come_and_go_without_a_spike_or_a_leak(tmp_path: Path) -> None:
-    """A thread first seen adds nothing to that call; one that exits is forgotten with its descriptor."""
-    hierarchy = rc.v1_cpu_hierarchy()
-    parent = rc.unique_name()
-    with hierarchy.groups(parent):
-        wait = TaskWait([str(hierarchy.writable / parent)])
-        try:
-            assert wait.waited_ns() == 0
-            kept = TaskWait.kept_open
-            proc = pinned(0, hierarchy, parent)
-            time.sleep(0.3)
-            assert wait.waited_ns() == 0, "a thread's wait before it was first seen is not this tick's"
-            assert TaskWait.kept_open == kept + 1
-            rc.stop(proc)
-            wait.waited_ns()
-            assert TaskWait.kept_open == kept
+            found, used = measure(wait, hierarchy, f"{parent}/shared", 1.0)
         finally:
             wait.close()
+        waited = found.waited_ns / found.interval_ns
+        assert waited == pytest.approx(2.0 - used, abs=0.15)
+        assert waited > 0.7
+        assert found.starved_ns == pytest.approx(found.waited_ns, rel=0.05), "threads that never sleep: all unmet"
+    finally:
+        for proc in procs:
+            rc.stop(proc)
+
+
+def test_a_thread_that_sleeps_waits_but_is_not_starved(hierarchy: rc.Hierarchy, parent: str) -> None:
+    """A duty-cycled thread sharing a CPU with a busy one waits (latency), but its wait is not unmet demand."""
+    procs = [
+        start(PINNED_BUSY, ["1"], hierarchy, f"{parent}/alone"),
+        start(PINNED_DUTY, ["0.3", "1"], hierarchy, f"{parent}/sleepy"),
+    ]
+    try:
+        time.sleep(0.3)
+        wait = waits_of(hierarchy, f"{parent}/sleepy")
+        try:
+            found, _ = measure(wait, hierarchy, f"{parent}/sleepy", 1.0)
+        finally:
+            wait.close()
+        assert found.waited_ns > 0.02 * found.interval_ns, "it did wait behind the busy thread"
+        assert found.starved_ns == 0
+    finally:
+        for proc in procs:
+            rc.stop(proc)
+
+
+def test_threads_come_and_go_without_a_spike_or_a_leak(hierarchy: rc.Hierarchy, parent: str) -> None:
+    """A thread first seen adds nothing to that sample; one that exits is forgotten with its descriptor."""
+    wait = waits_of(hierarchy, f"{parent}/alone")
+    try:
+        assert wait.sample() is None
+        kept = TaskWait.kept_open
+        proc = start(PINNED_BUSY, ["0"], hierarchy, f"{parent}/alone")
+        time.sleep(0.3)
+        found = wait.sample()
+        assert found is not None and found.waited_ns == 0, "its wait before it was first seen is not this tick's"
+        assert TaskWait.kept_open == kept + 1
+        rc.stop(proc)
+        wait.sample()
+        assert TaskWait.kept_open == kept
+        wait.pause()
+        assert wait.sample() is None, "after a pause the next sample is a baseline again"
+    finally:
+        wait.close()

@@ -1,0 +1,145 @@
+"""The executor on this host's real cgroup v1 hierarchy: refused writes, a full ledger filesystem, a resize."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.actuators.cpu_quota import QuotaWriter
+from nodeguard.actuators.evictors import Evictor
+from nodeguard.actuators.executor import Executor
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.model.samples import CpuMax
+from nodeguard.policy.actions import Restore, Throttle
+from nodeguard.policy.metrics import Metric
+from nodeguard.policy.planner import plan
+from nodeguard.policy.state import GuardState, HeldThrottle
+from tests import realcgroups as rc
+from tests.policy.builders import cpu_throttle, guard, snapshot, usage
+
+POD_LIMIT = CpuMax(150000)
+
+
+class NoEvictions(Evictor):
+    async def evict(self, workload_id: str, **context: object) -> bool:
+        raise AssertionError("no eviction in these tests")
+
+
+@pytest.fixture
+def full_ledger_dir(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs for the ledger (filled up by the test when it wants)."""
+    mount = tmp_path / "run"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def executor_for(hierarchy: rc.Hierarchy, ledger: Ledger) -> Executor:
+    return Executor(QuotaWriter(CgroupWriter(str(hierarchy.writable)), hierarchy.version), NoEvictions(), ledger,
+                    lambda coro, name: None)  # fmt: skip
+
+
+def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: Path) -> None:
+    """A restore step the ledger cannot record (full filesystem) becomes a full restore: the pod and its capped
+    container get their exact originals, and the throttle is dropped from the state."""
+    hierarchy = rc.v1_cpu_hierarchy()
+    with rc.kubelet_pod(hierarchy, rc.unique_name(), "burstable", POD_LIMIT) as pod:
+        ledger = Ledger.load(str(full_ledger_dir / "ledger.json"))
+        executor = executor_for(hierarchy, ledger)
+        throttled = CpuMax(20000)
+        current, writes = executor.quota.plan(pod.pod, throttled)
+        executor.quota.perform(writes)
+        ledger.record(executor._recorded(pod.pod, current, throttled, writes, "cpu_total_usage", pending=False))
+        ledger.save()
+        with open(full_ledger_dir / "filler", "wb") as filler, contextlib.suppress(OSError):
+            filler.write(b"x" * (1 << 20))
+        held = HeldThrottle(pod.pod, POD_LIMIT, throttled, frozenset({Metric.CPU_TOTAL_USAGE}), 0.0, demand_cores=1.5)
+        state = GuardState(throttles={pod.pod: held})
+        calm = snapshot([usage(pod.pod, cores=0.2, cpu_max=throttled)], cpus=2, cores_used=0.3)
+        result = plan(calm, state, guard(cpu_throttle(1.6, 1.0), restoreStepPercent=10))
+        [step] = [a for a in result.actions if isinstance(a, Restore)]
+        assert not step.full, "the plan asked for one step up"
+        carried = executor.carry_out(result, state, calm)
+        assert hierarchy.limit(pod.pod) == POD_LIMIT and hierarchy.limit(pod.container) == POD_LIMIT
+        assert pod.pod not in carried.state.throttles and pod.pod not in ledger.entries
+
+
+def test_throttles_withheld_on_a_full_disk_leave_the_state_and_kernel_as_they_were(full_ledger_dir: Path) -> None:
+    """No throttle is written that the ledger could not record first; the state holds nothing new."""
+    hierarchy = rc.v1_cpu_hierarchy()
+    with rc.kubelet_pod(hierarchy, rc.unique_name(), "burstable", POD_LIMIT) as pod:
+        with open(full_ledger_dir / "filler", "wb") as filler, contextlib.suppress(OSError):
+            filler.write(b"x" * (1 << 20))
+        ledger = Ledger.load(str(full_ledger_dir / "ledger.json"))
+        executor = executor_for(hierarchy, ledger)
+        busy = snapshot([usage(pod.pod, cores=1.0, cpu_max=POD_LIMIT)], cpus=2, cores_used=1.9)
+        result = plan(busy, GuardState(), guard(cpu_throttle(1.4, 1.0)))
+        assert [a for a in result.actions if isinstance(a, Throttle)]
+        carried = executor.carry_out(result, GuardState(), busy)
+        assert carried.state.throttles == {} and ledger.entries == {}
+        assert hierarchy.limit(pod.pod) == POD_LIMIT and hierarchy.limit(pod.container) == POD_LIMIT
+        assert executor.counters.withheld == 1
+
+
+def test_a_resize_behind_a_throttle_becomes_the_original(tmp_path: Path) -> None:
+    """Drift that is neither nodeguard's value nor the original moves the original (ledger and state); the held
+    quota is put back under it; a resize below the throttle releases the workload."""
+    hierarchy = rc.v1_cpu_hierarchy()
+    with rc.kubelet_pod(hierarchy, rc.unique_name(), "burstable", POD_LIMIT) as pod:
+        ledger = Ledger.load(str(tmp_path / "ledger.json"))
+        executor = executor_for(hierarchy, ledger)
+        throttled = CpuMax(30000)
+        current, writes = executor.quota.plan(pod.pod, throttled)
+        executor.quota.perform(writes)
+        ledger.record(executor._recorded(pod.pod, current, throttled, writes, "cpu_total_usage", pending=False))
+        held = HeldThrottle(pod.pod, POD_LIMIT, throttled, frozenset({Metric.CPU_TOTAL_USAGE}), 0.0)
+        state = GuardState(throttles={pod.pod: held})
+        hierarchy.set_limit(pod.pod, CpuMax(120000))  # the resize, as kubelet writes the pod
+        seen = snapshot([usage(pod.pod, cores=0.3, cpu_max=CpuMax(120000))], cpus=2, cores_used=1.0)
+        idle = guard(cpu_throttle(1.6, 1.5), restoreStepPercent=10)
+        state = executor.adopt_moves(seen, state)  # as the daemon does before planning
+        carried = executor.carry_out(plan(seen, state, idle), state, seen)
+        assert carried.state.throttles[pod.pod].original == CpuMax(120000)
+        assert ledger.entries[pod.pod].original_limit == CpuMax(120000)
+        kept = hierarchy.limit(pod.pod)
+        assert kept.quota_us is not None and kept.quota_us < 120000, "the throttle is kept under the new limit"
+        assert carried.state.throttles[pod.pod].quota == kept
+        assert executor.counters.moved_originals == 1
+
+        hierarchy.set_limit(pod.container, CpuMax(20000))  # now a resize below the throttle: nothing left to hold
+        hierarchy.set_limit(pod.pod, CpuMax(20000))
+        seen = snapshot([usage(pod.pod, cores=0.2, cpu_max=CpuMax(20000))], cpus=2, cores_used=1.0)
+        state = executor.adopt_moves(seen, carried.state)
+        carried = executor.carry_out(plan(seen, state, idle), state, seen)
+        assert pod.pod not in carried.state.throttles and pod.pod not in ledger.entries
+        assert hierarchy.limit(pod.pod) == CpuMax(20000)
+
+
+def test_a_ledger_entry_is_written_before_the_kernel_file(tmp_path: Path) -> None:
+    """Whatever the executor writes to a cgroup is already in the ledger file (pending) at the moment of the write."""
+    hierarchy = rc.v1_cpu_hierarchy()
+    with rc.kubelet_pod(hierarchy, rc.unique_name(), "burstable", POD_LIMIT) as pod:
+        path = tmp_path / "ledger.json"
+        ledger = Ledger.load(str(path))
+        executor = executor_for(hierarchy, ledger)
+        seen_on_disk: list[set[str]] = []
+        write = executor.quota.writer.write
+
+        def spy(workload_id: str, filename: str, value: str, **context: object) -> bool:
+            on_disk = Ledger.load(str(path)).entries
+            seen_on_disk.append(set(on_disk) | {c for e in on_disk.values() for c in e.children})
+            assert workload_id in seen_on_disk[-1], f"{workload_id} written before the ledger knew it"
+            return write(workload_id, filename, value, **context)
+
+        executor.quota.writer.write = spy  # type: ignore[method-assign]
+        busy = snapshot([usage(pod.pod, cores=1.0, cpu_max=POD_LIMIT)], cpus=2, cores_used=1.9)
+        executor.carry_out(plan(busy, GuardState(), guard(cpu_throttle(1.4, 1.0))), GuardState(), busy)
+        assert len(seen_on_disk) == 2, "the container, then the pod"
