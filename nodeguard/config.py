@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from nodeguard.atomic_file import UnsafeFile, read_regular_file
 from nodeguard.config_base import Model
 from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
@@ -33,6 +34,7 @@ from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Unit
 from nodeguard.policy.ranking import COMPARATORS
+from nodeguard.preview import json_preview
 from nodeguard.quantity import Quantity, parse_quantity
 
 ThresholdValue = Annotated[
@@ -344,8 +346,7 @@ def format_location(loc: Sequence[int | str]) -> str:
 
 
 def _render_input(value: object) -> str:
-    text = json.dumps(value, default=repr, allow_nan=True)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return json_preview(value, 80)  # bounded: the value may nest a thousand levels deep
 
 
 def _message(error: Mapping[str, Any]) -> str:
@@ -402,11 +403,21 @@ def parse_text(text: str, source: str = "config") -> Document:
     return parse_document(data, source)
 
 
+MAX_CONFIG_BYTES = 4 << 20  # far above any real config; reading and checking one this size takes about a second
+
+
 def load_document(path: str | Path) -> Document:
-    """Read and validate a config file: ConfigUnreadable or ConfigError on failure."""
+    """Read and validate a config file: ConfigUnreadable or ConfigError on failure.
+
+    Only a regular file is read (a symlink to one is fine: config maps mount
+    those), opened so that a FIFO or a device never blocks, and at most
+    ``MAX_CONFIG_BYTES`` of it.
+    """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_regular_file(str(path), MAX_CONFIG_BYTES).decode("utf-8")
+    except UnsafeFile as exc:
+        raise ConfigUnreadable(f"{path}: cannot read config: {exc.reason}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL byte in the path
         raise ConfigUnreadable(f"{path}: cannot read config: {exc}") from None
     return parse_text(text, str(path))
 

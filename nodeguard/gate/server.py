@@ -2,12 +2,19 @@
 
 Connections are tasks of the service's TaskGroup (not of asyncio's own
 server), so stopping the service closes every one of them.
+
+What a client can cost is bounded: at most ``gate.maxConnections`` at once
+(one more is told ``busy`` and closed); a client's requests are not read while
+more than ``HIGH_WATER`` bytes of its responses wait to be sent, so one that
+never reads costs a fixed amount; running out of descriptors pauses accepting
+briefly instead of ending the gate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import grp
 import os
 import pwd
@@ -19,13 +26,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nodeguard.errors import NodeguardError
-from nodeguard.gate.protocol import MAX_LINE, encode
+from nodeguard.gate.protocol import MAX_LINE, encode, error
 from nodeguard.gate.settings import GateSettings
 from nodeguard.log import get_logger
 
 log = get_logger("nodeguard.gate")
 
-MAX_BUFFERED = 1 << 20  # a client that does not read its responses is dropped past this
+HIGH_WATER = 64 * 1024  # a client's requests are not read while this much of its responses is unsent
+MAX_BUFFERED = 1 << 20  # responses it did not ask for meanwhile (wait results) past this: the client is dropped
+# accept() failures that mean "not now" (no descriptor, no memory): pause, then accept again.
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_PAUSE = (0.05, 1.0)  # first and longest pause
 
 
 class SocketUnavailable(NodeguardError):
@@ -55,12 +66,15 @@ class Connection:
         self.peer = peer
         self.closed = False
         self.waiting: set[str] = set()  # names this connection has a wait on
+        self.waits = 0  # its waits not answered yet
 
     def send(self, message: dict[str, object]) -> None:
         if self.closed or self.writer.is_closing():  # the peer may have gone already
             return
+        unsent = self.writer.transport.get_write_buffer_size()
         self.writer.write(encode(message))
-        if self.writer.transport.get_write_buffer_size() > MAX_BUFFERED:
+        # One large response (a status of many loads) is fine; a pile of them is a client not reading.
+        if unsent > HIGH_WATER and self.writer.transport.get_write_buffer_size() > MAX_BUFFERED:
             log.warning("gate client does not read its responses; dropping it", pid=self.peer.pid)
             self.close()
 
@@ -173,22 +187,62 @@ class Handler(Protocol):
 
     def closed(self, conn: Connection) -> None: ...
 
+    def max_connections(self) -> int: ...
+
+    def busy(self, connections: int) -> None:
+        """A client was turned away: ``connections`` are open already."""
+
+    def accept_failed(self, exc: OSError) -> None:
+        """accept() failed for want of resources; the loop pauses and tries again."""
+
+    def failed(self, conn: Connection, exc: Exception) -> None:
+        """Handling a line raised: a bug, reported; the connection and the gate go on."""
+
 
 async def accept_loop(
     sock: socket.socket, group: asyncio.TaskGroup, handler: Handler, connections: set[Connection]
 ) -> None:
     loop = asyncio.get_running_loop()
+    pause = ACCEPT_PAUSE[0]
     while True:
-        client, _ = await loop.sock_accept(sock)
+        try:
+            client, _ = await loop.sock_accept(sock)
+        except OSError as exc:
+            if exc.errno in OUT_OF_RESOURCES:
+                handler.accept_failed(exc)
+                await asyncio.sleep(pause)
+                pause = min(ACCEPT_PAUSE[1], pause * 2)
+                continue
+            if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):  # the client gave up: next one
+                continue
+            raise
+        pause = ACCEPT_PAUSE[0]
+        if len(connections) >= handler.max_connections():
+            handler.busy(len(connections))
+            _turn_away(client, len(connections))
+            continue
         try:
             peer = peer_of(client)
             reader, writer = await asyncio.open_unix_connection(sock=client, limit=MAX_LINE)
         except OSError:
             client.close()
             continue
+        writer.transport.set_write_buffer_limits(high=HIGH_WATER)
         conn = Connection(writer, peer)
         connections.add(conn)
         group.create_task(_serve(conn, reader, handler, connections), name=f"gate-client-{peer.pid}")
+
+
+def _turn_away(client: socket.socket, open_now: int) -> None:
+    """One JSON error line, without waiting for the client (it may not read), then close."""
+    message = error(None, "busy", f"the gate serves {open_now} connections, its maximum (gate.maxConnections)")
+    try:
+        client.setblocking(False)
+        client.send(encode(message))
+    except OSError:
+        pass
+    finally:
+        client.close()
 
 
 async def _serve(
@@ -196,6 +250,8 @@ async def _serve(
 ) -> None:
     try:
         while not conn.closed:
+            # Back-pressure: while the client leaves its responses unread, its requests stay unread too.
+            await conn.writer.drain()
             try:
                 line = await reader.readline()
             except ValueError:  # longer than MAX_LINE: no way to find where the next request starts
@@ -204,7 +260,10 @@ async def _serve(
             if not line:
                 break
             if line.strip():
-                handler.line(conn, line)
+                try:
+                    handler.line(conn, line)
+                except Exception as exc:  # a bug in one request must not end the connection, nor the gate
+                    handler.failed(conn, exc)
     except (ConnectionError, OSError):
         pass
     finally:

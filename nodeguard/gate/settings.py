@@ -53,6 +53,13 @@ class GateSettings(Model):
     )
     keep_failed_seconds: float = Field(300.0, ge=0, le=86_400, description="how long failed loads stay in status")
     max_loads: int = Field(4096, ge=1, le=1_000_000, description="loads the gate tracks at once; more are refused")
+    max_connections: int = Field(
+        512,
+        ge=1,
+        le=65_536,
+        description="client connections served at once; one more is answered 'busy' and closed"
+        " (each costs at most ~200 KiB: keep this x 200 KiB within the daemon's memory limit)",
+    )
 
     @field_validator("socket")
     @classmethod
