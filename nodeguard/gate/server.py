@@ -1,13 +1,13 @@
 """The gate's unix socket: binding it safely, peer credentials, and one task per connection.
 
-Connections are tasks of the service's TaskGroup (not of asyncio's own
-server), so stopping the service closes every one of them.
+Connections are accepted by the service's own loop (not asyncio's server)
+and kept in its set, so stopping the service closes every one of them.
 
 What a client can cost is bounded: at most ``gate.maxConnections`` at once
 (one more is told ``busy`` and closed); a client's requests are not read while
-more than ``HIGH_WATER`` bytes of its responses wait to be sent, so one that
-never reads costs a fixed amount; running out of descriptors pauses accepting
-briefly instead of ending the gate.
+more than ``HIGH_WATER`` bytes of its responses wait to be sent, and reads take
+at most ``RECEIVE_SIZE`` bytes, so one that never reads costs a fixed amount;
+running out of descriptors pauses accepting briefly instead of ending the gate.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import grp
 import os
 import pwd
@@ -32,7 +33,7 @@ from nodeguard.log import get_logger
 
 log = get_logger("nodeguard.gate")
 
-HIGH_WATER = 64 * 1024  # a client's requests are not read while this much of its responses is unsent
+HIGH_WATER = 16 * 1024  # a client's requests are not read while this much of its responses is unsent
 MAX_BUFFERED = 1 << 20  # responses it did not ask for meanwhile (wait results) past this: the client is dropped
 # accept() failures that mean "not now" (no descriptor, no memory): pause, then accept again.
 OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -61,27 +62,34 @@ def authorised(peer: Peer, settings: GateSettings) -> bool:
 
 
 class Connection:
-    def __init__(self, writer: asyncio.StreamWriter, peer: Peer) -> None:
-        self.writer = writer
+    def __init__(self, transport: asyncio.Transport, peer: Peer) -> None:
+        self.transport = transport
         self.peer = peer
         self.closed = False
         self.waiting: set[str] = set()  # names this connection has a wait on
         self.waits = 0  # its waits not answered yet
 
     def send(self, message: dict[str, object]) -> None:
-        if self.closed or self.writer.is_closing():  # the peer may have gone already
+        if self.closed or self.transport.is_closing():  # the peer may have gone already
             return
-        unsent = self.writer.transport.get_write_buffer_size()
-        self.writer.write(encode(message))
+        unsent = self.transport.get_write_buffer_size()
+        self.transport.write(encode(message))
         # One large response (a status of many loads) is fine; a pile of them is a client not reading.
-        if unsent > HIGH_WATER and self.writer.transport.get_write_buffer_size() > MAX_BUFFERED:
+        if unsent > HIGH_WATER and self.transport.get_write_buffer_size() > MAX_BUFFERED:
             log.warning("gate client does not read its responses; dropping it", pid=self.peer.pid)
-            self.close()
+            self.close(abort=True)
 
-    def close(self) -> None:
+    def unsent(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    def close(self, abort: bool = False) -> None:
+        """Close after sending what is buffered, or ``abort``: at once (a client that does not read would keep it)."""
         if not self.closed:
             self.closed = True
-            self.writer.close()
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     def __repr__(self) -> str:
         return f"Connection(pid={self.peer.pid}, uid={self.peer.uid})"
@@ -199,9 +207,7 @@ class Handler(Protocol):
         """Handling a line raised: a bug, reported; the connection and the gate go on."""
 
 
-async def accept_loop(
-    sock: socket.socket, group: asyncio.TaskGroup, handler: Handler, connections: set[Connection]
-) -> None:
+async def accept_loop(sock: socket.socket, handler: Handler, connections: set[Connection]) -> None:
     loop = asyncio.get_running_loop()
     pause = ACCEPT_PAUSE[0]
     while True:
@@ -223,14 +229,9 @@ async def accept_loop(
             continue
         try:
             peer = peer_of(client)
-            reader, writer = await asyncio.open_unix_connection(sock=client, limit=MAX_LINE)
+            await loop.connect_accepted_socket(functools.partial(_ClientProtocol, peer, handler, connections), client)
         except OSError:
             client.close()
-            continue
-        writer.transport.set_write_buffer_limits(high=HIGH_WATER)
-        conn = Connection(writer, peer)
-        connections.add(conn)
-        group.create_task(_serve(conn, reader, handler, connections), name=f"gate-client-{peer.pid}")
 
 
 def _turn_away(client: socket.socket, open_now: int) -> None:
@@ -245,28 +246,103 @@ def _turn_away(client: socket.socket, open_now: int) -> None:
         client.close()
 
 
-async def _serve(
-    conn: Connection, reader: asyncio.StreamReader, handler: Handler, connections: set[Connection]
-) -> None:
-    try:
-        while not conn.closed:
-            # Back-pressure: while the client leaves its responses unread, its requests stay unread too.
-            await conn.writer.drain()
-            try:
-                line = await reader.readline()
-            except ValueError:  # longer than MAX_LINE: no way to find where the next request starts
-                handler.overlong(conn)
+RECEIVE_SIZE = 16 * 1024
+# One receive buffer for every connection: each read is taken out of it before the next one comes.
+_receive = bytearray(RECEIVE_SIZE)
+
+
+class _ClientProtocol(asyncio.BufferedProtocol):
+    """One client: lines in, handled one by one; back-pressure when its responses pile up.
+
+    What a client costs is bounded: the part of a line not complete yet (at
+    most MAX_LINE), lines received but not handled while its responses wait
+    (at most one read, RECEIVE_SIZE), and its unsent responses (HIGH_WATER and
+    the last one). While they wait, its socket is not read.
+    """
+
+    def __init__(self, peer: Peer, handler: Handler, connections: set[Connection]) -> None:
+        self.peer = peer
+        self.handler = handler
+        self.connections = connections
+        self.conn: Connection | None = None
+        self._buffer = bytearray()  # received and not handled yet
+        self._held = False  # the transport's write buffer is over HIGH_WATER
+        self._eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.conn = Connection(transport, self.peer)
+        self.connections.add(self.conn)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(_receive)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._buffer += memoryview(_receive)[:nbytes]
+        self._handle_lines()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._handle_lines()
+        return True  # half-closed: answers to what was sent still go out; _handle_lines closes when done
+
+    def pause_writing(self) -> None:
+        self._held = True
+        assert self.conn is not None
+        self.conn.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._held = False
+        self._handle_lines()
+        conn = self.conn
+        if conn is not None and not self._held and not conn.closed and not self._eof:
+            conn.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        conn.closed = True
+        self.connections.discard(conn)
+        self._buffer = bytearray()
+        self.handler.closed(conn)
+
+    def _handle_lines(self) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        buffer, start = self._buffer, 0
+        while not conn.closed and not self._held:
+            end = buffer.find(b"\n", start)
+            if end < 0:
                 break
-            if not line:
-                break
-            if line.strip():
-                try:
-                    handler.line(conn, line)
-                except Exception as exc:  # a bug in one request must not end the connection, nor the gate
-                    handler.failed(conn, exc)
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        connections.discard(conn)
+            line = bytes(buffer[start : end + 1])
+            start = end + 1
+            if len(line) > MAX_LINE:
+                self._overlong(conn)
+                return
+            self._line(conn, line)
+        del buffer[:start]
+        if conn.closed or self._held:
+            return
+        if len(buffer) > MAX_LINE:  # no way to find where the next request starts
+            self._overlong(conn)
+        elif self._eof:
+            if buffer:  # a last line without its newline
+                self._line(conn, bytes(buffer))
+                buffer.clear()
+            conn.close()
+
+    def _line(self, conn: Connection, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            self.handler.line(conn, line)
+        except Exception as exc:  # a bug in one request must not end the connection, nor the gate
+            self.handler.failed(conn, exc)
+
+    def _overlong(self, conn: Connection) -> None:
+        self._buffer = bytearray()
+        self.handler.overlong(conn)
         conn.close()
-        handler.closed(conn)

@@ -149,7 +149,7 @@ class GateService:
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 group.create_task(self._persist_loop(), name="gate-persist")
-                group.create_task(accept_loop(listening.sock, group, self, self._connections), name="gate-accept")
+                group.create_task(accept_loop(listening.sock, self, self._connections), name="gate-accept")
                 self._resume(time.monotonic())
                 self.serving, self._problem = True, None
                 log.info("gate serving", socket=listening.path, **self._limits_status())
@@ -171,7 +171,7 @@ class GateService:
             self._retry, self._retry_at = None, None
             connections = list(self._connections)
             for conn in connections:
-                conn.close()
+                conn.close(abort=True)  # a client that does not read would keep its descriptor
             self._connections.clear()
             self._waiters.clear()
             self._deferred.clear()

@@ -58,7 +58,7 @@ class GateSettings(Model):
         ge=1,
         le=65_536,
         description="client connections served at once; one more is answered 'busy' and closed"
-        " (each costs at most ~200 KiB: keep this x 200 KiB within the daemon's memory limit)",
+        " (a client that does not read costs at most ~100 KiB: keep this x 100 KiB within the daemon's memory limit)",
     )
 
     @field_validator("socket")
