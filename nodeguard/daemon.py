@@ -364,6 +364,7 @@ class Daemon:
         try:
             while True:
                 self._reload_pending = False
+                log.info("reloading config", source=str(self.config_path))
                 kube = self.kube
                 if kube is not None and self.settings.kubernetes.node_labels_from_api:
                     await self._refresh_node_labels(kube)
