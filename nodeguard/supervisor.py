@@ -54,7 +54,7 @@ async def supervise(
             problem = str(exc)
             log.error(f"{name} not running; retrying", error=problem, retry_in=pause, failures=failures + 1)
         except Exception as exc:  # any bug: logged with its traceback, and the part comes back
-            problem = f"{type(exc).__name__}: {exc}"
+            problem = describe(exc)
             log.error(f"{name} failed; restarting it", error=problem, retry_in=pause, failures=failures + 1,
                       exc_info=True)
         else:
@@ -64,3 +64,10 @@ async def supervise(
         report(f"{problem} (restart #{failures} in {pause:g}s)")
         await asyncio.sleep(pause)
         pause = backoff.next(pause, time.monotonic() - started)
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message``; for a task group's ExceptionGroup, those of the errors inside it."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}"

@@ -66,6 +66,8 @@ class GateSettings(Model):
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError("expected an absolute path")
+        if value.endswith("/"):
+            raise ValueError("expected the path of the socket, not of a directory")
         if len(value.encode()) > 107:
             raise ValueError("a unix socket path must be at most 107 bytes")
         return value

@@ -11,8 +11,10 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import select
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -88,14 +90,23 @@ def connect(path: str, timeout: float = 10) -> socket.socket:
 
 
 def exchange(path: str, payload: bytes, timeout: float = 10) -> list[dict[str, Any]]:
-    """Send ``payload`` on a fresh connection, close the sending side, and read every response line."""
+    """Send ``payload`` on a fresh connection, reading answers meanwhile (the gate stops reading a client that
+    does not read), close the sending side, and return every response line."""
+    data = bytearray()
     with connect(path, timeout) as sock:
-        sock.sendall(payload)
+        view, deadline = memoryview(payload), time.monotonic() + timeout
+        while view:
+            readable, writable, _ = select.select([sock], [sock], [], 1.0)
+            if readable:
+                data += sock.recv(1 << 16)
+            if writable:
+                view = view[sock.send(view[: 1 << 16]) :]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(view)} bytes still unsent")
         sock.shutdown(socket.SHUT_WR)
-        data = b""
         while chunk := sock.recv(1 << 16):
             data += chunk
-    return [json.loads(line) for line in data.splitlines() if line.strip()]
+    return [json.loads(line) for line in bytes(data).splitlines() if line.strip()]
 
 
 def ping(path: str) -> bool:
