@@ -247,6 +247,9 @@ def _turn_away(client: socket.socket, open_now: int) -> None:
 
 
 RECEIVE_SIZE = 16 * 1024
+# What one client can hold in the daemon at most, besides the one answer being written: its unsent
+# answers up to HIGH_WATER, one read's worth of requests not handled yet, a line not complete yet.
+CLIENT_MEMORY = HIGH_WATER + RECEIVE_SIZE + MAX_LINE
 # One receive buffer for every connection: each read is taken out of it before the next one comes.
 _receive = bytearray(RECEIVE_SIZE)
 

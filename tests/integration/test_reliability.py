@@ -4,6 +4,7 @@ quota writes refused, hostile config files at reload; and its JSON log, every li
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import select
@@ -17,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from nodeguard.surfaces.http import MAX_CONNECTIONS, HttpServer
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
 from tests.gate.helpers import Session, free_port
@@ -374,3 +377,36 @@ def test_check_config_and_run_agree_on_edge_cases(tmp_path: Path) -> None:
     finally:
         for _, daemon in procs.values():
             daemon.kill()
+
+
+async def test_http_connections_past_the_cap_are_closed_and_it_serves_again() -> None:
+    """With MAX_CONNECTIONS idle HTTP connections open, one more is closed unanswered; once they go, requests are served."""
+    server = HttpServer(CollectorRegistry(), dict, dict)
+    port = free_port()
+    listening = await server.start(f"127.0.0.1:{port}")
+    idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_CONNECTIONS)]
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while server.open < MAX_CONNECTIONS:
+            assert loop.time() < deadline, server.open
+            await asyncio.sleep(0.01)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
+        try:
+            answer = await asyncio.wait_for(reader.read(), 10)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b"" and server.refused == 1
+        writer.close()
+    finally:
+        for _, idle_writer in idle:
+            idle_writer.close()
+    while server.open:
+        assert loop.time() < deadline + 10, server.open
+        await asyncio.sleep(0.01)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
+    assert (await asyncio.wait_for(reader.read(), 10)).endswith(b"\r\n\r\nok\n")
+    writer.close()
+    listening.close()
