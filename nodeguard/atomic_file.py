@@ -117,6 +117,25 @@ def read_regular_file(path: str, max_bytes: int, *, follow_symlinks: bool = True
     return b"".join(chunks)
 
 
+def open_lock_file(path: str, mode: int = 0o640) -> int:
+    """A descriptor of the lock file at ``path``, created if missing; never through a symlink, never a FIFO or device.
+
+    The caller flocks it and closes it. UnsafeFile if ``path`` is not a regular file.
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFile(path, "is a symbolic link; a lock file is never opened through one") from None
+        raise
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):
+        os.close(fd)
+        raise UnsafeFile(path, f"is not a regular file ({_kind(found.st_mode)})")
+    return fd
+
+
 def _check(path: str, found: os.stat_result, max_bytes: int, own_only: bool) -> None:
     if stat.S_ISLNK(found.st_mode):
         raise UnsafeFile(path, "is a symbolic link; state files are never read through one")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeguard.atomic_file import UnsafeFile, read_regular_file, read_state_file, write_atomic
+from nodeguard.atomic_file import UnsafeFile, open_lock_file, read_regular_file, read_state_file, write_atomic
 
 
 def test_a_symlink_planted_at_the_temporary_name_is_not_written_through(tmp_path: Path) -> None:
@@ -72,3 +72,18 @@ def test_config_reads_follow_symlinks_to_regular_files_only(tmp_path: Path) -> N
     (tmp_path / "to-fifo").symlink_to(fifo)
     with pytest.raises(UnsafeFile, match="FIFO"):
         read_regular_file(str(tmp_path / "to-fifo"), 16)
+
+
+def test_lock_files_are_never_opened_through_symlinks_or_as_fifos(tmp_path: Path) -> None:
+    """open_lock_file creates a regular lock file, and refuses a planted symlink (its target untouched) or a FIFO."""
+    fd = open_lock_file(str(tmp_path / "ledger.json.lock"))
+    os.close(fd)
+    assert (tmp_path / "ledger.json.lock").is_file()
+    victim = tmp_path / "victim"
+    (tmp_path / "planted.lock").symlink_to(victim)
+    with pytest.raises(UnsafeFile, match="symbolic link"):
+        open_lock_file(str(tmp_path / "planted.lock"))
+    assert not victim.exists()
+    os.mkfifo(tmp_path / "fifo.lock")
+    with pytest.raises(UnsafeFile, match="FIFO"):
+        open_lock_file(str(tmp_path / "fifo.lock"))

@@ -56,6 +56,10 @@ def render(status: dict[str, Any]) -> Group:
         f"memory {(node.get('memory_used') or 0) / 2**30:.1f}/{(node.get('memory_total') or 0) / 2**30:.1f} GiB",
         "",
     )
+    problems = [f"{part}: {problem}" for part, problem in (status.get("health") or {}).items() if problem]
+    head.add_row(
+        "[green]healthy[/]" if not problems else "[red]not ready:[/] " + "; ".join(problems), "", "", ""
+    )
     waterlines = Table(title="waterlines", expand=True)
     for column in ("metric", "action", "now", "waterline", "restore below", "gap"):
         waterlines.add_column(column)
