@@ -302,6 +302,9 @@ class Daemon:
 
     def reload(self) -> bool:
         """Read, check and apply the config file now (in the caller's thread); False if it was rejected."""
+        if self.config_path is None:
+            log.info("reload: no config file; nothing to do")
+            return True
         new = self._read_settings()
         if new is None:
             return False

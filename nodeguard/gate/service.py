@@ -245,7 +245,9 @@ class GateService:
         decision = self.table.last_decision
         return {
             "serving": self.serving,
+            "problem": self.problem(),
             "socket": self.settings.socket,
+            "connections": len(self._connections),
             "limits": self._limits_status(),
             "signals": {"load1": signals.load1, "cpuPercent": signals.cpu_percent, "samples": signals.samples},
             "counts": self.table.counts(),

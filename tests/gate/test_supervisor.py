@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from nodeguard.gate.service import GateService
+from nodeguard.gate.settings import GateSettings
 from nodeguard.supervisor import Backoff, supervise
 from tests.gate.helpers import Session, wait_until
 from tests.gate.served import ping, served
@@ -67,3 +69,19 @@ async def test_supervise_backs_off_reports_and_stops_when_cancelled() -> None:
     assert reports[0] == "ValueError: failure 1 (restart #1 in 0.01s)"
     pauses: list[Any] = [report.rsplit(" in ", 1)[1] for report in reports if report is not None]
     assert pauses[:5] == ["0.01s)", "0.02s)", "0.04s)", "0.04s)", "0.04s)"]
+
+
+async def test_a_socket_path_the_kernel_refuses_leaves_the_gate_retrying_not_raising(tmp_path: Path) -> None:
+    """A NUL byte in the socket path (which the config refuses, but say it got through) is a problem reported, not an error ending the daemon."""
+    settings = GateSettings.model_construct(**{**GateSettings().__dict__, "socket": f"{tmp_path}/gate\0.sock"})
+    gate = GateService(settings, 2, str(tmp_path))
+    task = asyncio.create_task(gate.run())
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while gate.problem() in (None, "not serving yet"):
+        assert loop.time() < deadline and not task.done(), task
+        await asyncio.sleep(0.01)
+    assert "null byte" in str(gate.problem()) and not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
