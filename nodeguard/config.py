@@ -8,7 +8,9 @@ node are ``global`` with every matching rule laid over it in list order
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -25,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from nodeguard.atomic_file import UnsafeFile, read_regular_file
 from nodeguard.config_base import Model
 from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
@@ -33,6 +36,7 @@ from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.model.workloads import QosClass, is_kubepods_top
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Unit
 from nodeguard.policy.ranking import COMPARATORS
+from nodeguard.preview import json_preview
 from nodeguard.quantity import Quantity, parse_quantity
 
 ThresholdValue = Annotated[
@@ -122,7 +126,34 @@ class HttpSettings(Model):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ValueError('expected HOST:PORT like "127.0.0.1:9466"')
+        if not _valid_host(host.removeprefix("[").removesuffix("]") if host.startswith("[") else host):
+            raise ValueError("expected an IP address or a host name before the port")
         return value
+
+
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def _valid_host(host: str) -> bool:
+    """An IPv4 or IPv6 address, or a DNS name; "999.1.1.1" is neither (a name cannot be all digits)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    labels = host.removesuffix(".").split(".")
+    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+        return False
+    return not labels[-1].isdigit()
+
+
+def _file_path(value: str) -> str:
+    """An absolute path naming a file: not a directory ("/", "/run/"), no "." or ".." at its end."""
+    if not value.startswith("/"):
+        raise ValueError("expected an absolute path")
+    if value.endswith("/") or PurePosixPath(value).name in ("", ".", ".."):
+        raise ValueError("expected the path of a file, not of a directory")
+    return value
 
 
 class ActuationSettings(Model):
@@ -139,10 +170,8 @@ class ActuationSettings(Model):
 
     @field_validator("ledger_path")
     @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("expected an absolute path")
-        return value
+    def _file(cls, value: str) -> str:
+        return _file_path(value)
 
 
 def _known_comparator(name: str) -> str:
@@ -223,16 +252,16 @@ class Candidates(Model):
 
 class EvictionBudget(Model):
     max_per_tick: int = Field(1, ge=0, le=1000, description="evictions in one round (one tick)")
-    min_interval_seconds: float = Field(30.0, ge=0, description="between two rounds of evictions")
+    min_interval_seconds: float = Field(30.0, ge=0, le=86_400, description="between two rounds of evictions")
     termination_timeout_seconds: float = Field(
-        300.0, gt=0, description="an evicted workload still present after this no longer counts as releasing"
+        300.0, gt=0, le=86_400, description="an evicted workload still present after this no longer counts as releasing"
     )
 
 
 class GuardSettings(Model):
     objectives: list[Objective] = []
     candidates: Candidates = Candidates()
-    min_quota_cores: float = Field(0.05, gt=0, description="a throttle never goes below this")
+    min_quota_cores: float = Field(0.05, gt=0, le=100_000, description="a throttle never goes below this")
     restore_step_percent: float = Field(10.0, gt=0, le=100, description="largest quota increase per tick, % of node")
     target_margin_percent: float = Field(
         1.0, ge=0, le=50, description="a throttle aims this far under the waterline, % of node CPU"
@@ -373,8 +402,7 @@ def format_location(loc: Sequence[int | str]) -> str:
 
 
 def _render_input(value: object) -> str:
-    text = json.dumps(value, default=repr, allow_nan=True)
-    return text if len(text) <= 80 else text[:77] + "..."
+    return json_preview(value, 80)  # bounded: the value may nest a thousand levels deep
 
 
 def _message(error: Mapping[str, Any]) -> str:
@@ -431,11 +459,21 @@ def parse_text(text: str, source: str = "config") -> Document:
     return parse_document(data, source)
 
 
+MAX_CONFIG_BYTES = 4 << 20  # far above any real config; reading and checking one this size takes about a second
+
+
 def load_document(path: str | Path) -> Document:
-    """Read and validate a config file: ConfigUnreadable or ConfigError on failure."""
+    """Read and validate a config file: ConfigUnreadable or ConfigError on failure.
+
+    Only a regular file is read (a symlink to one is fine: config maps mount
+    those), opened so that a FIFO or a device never blocks, and at most
+    ``MAX_CONFIG_BYTES`` of it.
+    """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_regular_file(str(path), MAX_CONFIG_BYTES).decode("utf-8")
+    except UnsafeFile as exc:
+        raise ConfigUnreadable(f"{path}: cannot read config: {exc.reason}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: a NUL byte in the path
         raise ConfigUnreadable(f"{path}: cannot read config: {exc}") from None
     return parse_text(text, str(path))
 

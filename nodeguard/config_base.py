@@ -1,9 +1,20 @@
-"""The base of every config model: camelCase keys, unknown keys rejected, immutable."""
+"""The base of every config model: camelCase keys, unknown keys rejected, immutable, and values run can use.
+
+Checks every section gets, whoever writes it: no infinity or NaN (``1e999``
+is parsed as infinity), no ``true``/``false`` where a number is expected
+(pydantic would take ``true`` as 1), and no NUL byte in any string (every path
+the kernel is given would fail on it).
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import types
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 
 class Model(BaseModel):
@@ -13,4 +24,88 @@ class Model(BaseModel):
         populate_by_name=True,
         frozen=True,
         arbitrary_types_allowed=True,
+        allow_inf_nan=False,
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, data: object) -> object:
+        # A model validator, not a field one: pydantic allows no "before" validator on a union's tag field.
+        if not isinstance(data, Mapping):
+            return data
+        errors = []
+        for name, field in cls.model_fields.items():
+            key = field.alias if field.alias is not None and field.alias in data else name
+            if key in data:
+                where = _misplaced_bool(data[key], field.annotation)
+                if where is not None:
+                    errors.append(InitErrorDetails(type=_BOOL_ERROR, loc=(key, *where), input=_at(data[key], where)))
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return data
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul_in_text(cls, value: object) -> object:
+        if _has_nul(value):
+            raise ValueError("must not contain a NUL byte")
+        return value
+
+
+_BOOL_ERROR = PydanticCustomError("bool_not_number", "true/false given where a number or text is expected")
+Where = tuple[int | str, ...]
+
+
+def _at(value: Any, where: Where) -> Any:
+    for step in where:
+        value = value[step]
+    return value
+
+
+def _misplaced_bool(value: object, annotation: Any) -> Where | None:
+    """Where a bool is (at the top, or inside a list or object) that the annotation does not take; None: nowhere."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _misplaced_bool(value, args[0])
+    if origin is Union or origin is types.UnionType:
+        fitting = args if isinstance(value, bool) else [m for m in args if _container_of(m, value)]
+        found = [_misplaced_bool(value, member) for member in fitting]
+        return found[0] if found and all(where is not None for where in found) else None
+    if isinstance(value, bool):
+        if annotation is bool or annotation is Any or annotation is object:
+            return None
+        return None if origin is Literal and any(isinstance(a, bool) for a in args) else ()
+    if isinstance(value, list) and _container_of(annotation, value):
+        item = args[0] if args else Any
+        for index, element in enumerate(value):
+            where = _misplaced_bool(element, item)
+            if where is not None:
+                return (index, *where)
+    if isinstance(value, dict) and _container_of(annotation, value):
+        item = args[1] if len(args) > 1 else Any
+        for key, element in value.items():
+            where = _misplaced_bool(element, item)
+            if where is not None:
+                return (key, *where)
+    return None
+
+
+def _container_of(annotation: Any, value: object) -> bool:
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _container_of(get_args(annotation)[0], value)
+    if isinstance(value, list):
+        return isinstance(origin, type) and issubclass(origin, Sequence) and not issubclass(origin, str)
+    if isinstance(value, dict):
+        return isinstance(origin, type) and issubclass(origin, Mapping)
+    return False
+
+
+def _has_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_has_nul(v) for v in value)
+    if isinstance(value, Mapping):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    return False

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
 import signal
 import time
 from collections.abc import Collection, Coroutine, Mapping
@@ -32,7 +33,7 @@ from nodeguard.gate.service import GateService
 from nodeguard.kubernetes.client import KubeError
 from nodeguard.kubernetes.integration import Kubernetes
 from nodeguard.kubernetes.nodes import merge_labels
-from nodeguard.log import get_logger
+from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.node import node_name
@@ -46,6 +47,26 @@ from nodeguard.surfaces.metrics import Metrics
 from nodeguard.surfaces.systemd import Notifier
 
 log = get_logger("nodeguard.daemon")
+
+# The guard is unhealthy when its last good tick is older than this many ticks (and seconds).
+STALE_TICKS, STALE_SECONDS = 10, 30.0
+# Descriptors: the soft limit is raised to the hard one (systemd and container runtimes leave the soft one
+# at 1024), up to this; client connections are capped far below it (gate.maxConnections, HTTP's cap).
+WANTED_OPEN_FILES = 65_536
+
+
+def raise_open_file_limit(wanted: int = WANTED_OPEN_FILES) -> tuple[int, int]:
+    """Raise RLIMIT_NOFILE's soft limit towards the hard one; the (soft, hard) in force after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open file limit", soft=soft, hard=hard, error=str(exc))
+        else:
+            soft = target
+    return soft, hard
 
 
 def effective(settings: Settings, dry_run: bool) -> Settings:
@@ -132,6 +153,8 @@ class Daemon:
         self._group: asyncio.TaskGroup | None = None
         self._last_status = ""
         self._extra_tasks: set[asyncio.Task[None]] = set()
+        self._reloading = False
+        self._reload_pending = False
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -238,6 +261,18 @@ class Daemon:
     def ready(self) -> bool:
         return self.stats.last_success is not None
 
+    def health(self) -> dict[str, str | None]:
+        """Each part's problem, None when it is fine: /readyz is ready only when every one is None."""
+        return {"guard": self._guard_problem(), "gate": self.gate.problem(), "writer": self.writer.problem()}
+
+    def _guard_problem(self) -> str | None:
+        last = self.stats.last_success
+        if last is None:
+            return "no successful tick yet"
+        stale = max(STALE_TICKS * self.settings.sensing.tick_seconds, STALE_SECONDS)
+        age = time.monotonic() - last
+        return f"no successful tick for {age:.0f}s" if age > stale else None
+
     def status(self) -> dict[str, Any]:
         """What /status and ``nodeguard status`` show."""
         snapshot = self.last_snapshot
@@ -273,6 +308,7 @@ class Daemon:
                 for wid, h in self.state.held_back.items()
                 if h.until > time.monotonic()
             },
+            "health": self.health(),
             "gate": self.gate.status(),
             "coordination": self.coordination.status(),
             "kubernetes": None if self.kube is None else self.kube.status(),
@@ -303,9 +339,21 @@ class Daemon:
     # --- reload -------------------------------------------------------------------
 
     def reload(self) -> bool:
+        """Read, check and apply the config file now (in the caller's thread); False if it was rejected."""
         if self.config_path is None:
             log.info("reload: no config file; nothing to do")
             return True
+        new = self._read_settings()
+        if new is None:
+            return False
+        self._apply(new)
+        return True
+
+    def _read_settings(self) -> Settings | None:
+        """The settings of the config file for this node, or None (rejected, and logged). Safe in a worker thread."""
+        if self.config_path is None:
+            log.info("reload: no config file; nothing to do")
+            return None
         try:
             document: Document = load_document(self.config_path)
             settings = document.settings_for(self.labels, str(self.config_path))
@@ -313,12 +361,14 @@ class Daemon:
             self.reloads["failed"] += 1
             for problem in exc.problems:
                 log.error("reload rejected; keeping the running config", problem=problem, source=exc.source)
-            return False
+            return None
         except ConfigUnreadable as exc:
             self.reloads["failed"] += 1
             log.error("reload rejected; keeping the running config", problem=str(exc))
-            return False
-        new = effective(settings, self.dry_run)
+            return None
+        return effective(settings, self.dry_run)
+
+    def _apply(self, new: Settings) -> None:
         if new.sensing.cgroup_root != self.settings.sensing.cgroup_root or new.actuation != self.settings.actuation:
             log.warning("cgroupRoot and actuation settings change only on restart; the rest is reloaded")
             new = new.model_copy(
@@ -341,38 +391,57 @@ class Daemon:
             self.kube.reconfigure(new.kubernetes)
         self.reloads["ok"] += 1
         log.info("config reloaded", source=str(self.config_path))
-        return True
 
     def _on_sighup(self) -> None:
-        kube = self.kube
-        if kube is not None and self.settings.kubernetes.node_labels_from_api and self._group is not None:
-            self._spawn(self._reload_with_node_labels(kube), "reload")
+        """Reload off the event loop: reading and checking a file must not hold up ticks, the gate or SIGTERM."""
+        if self._group is None:  # still starting: reload once the tasks run
+            self._reload_pending = True
+        elif self._reloading:
+            self._reload_pending = True  # once more after the one under way: the file may have changed since
         else:
-            self.reload()
+            self._reloading = True
+            self._spawn(self._reload(), "reload")
 
-    async def _reload_with_node_labels(self, kube: Kubernetes) -> None:
+    async def _reload(self) -> None:
+        try:
+            while True:
+                self._reload_pending = False
+                log.info("reloading config", source=str(self.config_path))
+                kube = self.kube
+                if kube is not None and self.settings.kubernetes.node_labels_from_api:
+                    await self._refresh_node_labels(kube)
+                new = await asyncio.to_thread(self._read_settings)
+                if new is not None:
+                    self._apply(new)
+                if not self._reload_pending:
+                    return
+        except Exception as exc:  # inside the TaskGroup: a bug must not stop the guard
+            log.error("reload failed", error=str(exc), exc_info=True)
+        finally:
+            self._reloading = False
+
+    async def _refresh_node_labels(self, kube: Kubernetes) -> None:
         try:
             api = await kube.node_labels()
         except (KubeError, ValueError) as exc:
             log.warning("reload: cannot read this node's labels; using the last known ones", error=str(exc))
         else:
             self.labels = merge_labels(self.local_labels, api, self.explicit_labels)
-        try:
-            self.reload()
-        except Exception as exc:  # now inside the TaskGroup: a bug must not stop the guard
-            log.error("reload failed", error=str(exc), exc_info=True)
 
     # --- run ----------------------------------------------------------------------
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(log_loop_error)  # asyncio's own errors as structured log lines
+        soft, hard = raise_open_file_limit()
+        log.debug("open file limit", soft=soft, hard=hard)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
         http_server = None
         if self.settings.http.enabled:
             # Before anything is touched: a port in use stops the start cleanly.
-            server = HttpServer(self.metrics.registry, self.ready, self.status)
+            server = HttpServer(self.metrics.registry, self.health, self.status)
             try:
                 http_server = await server.start(self.settings.http.listen)
             except OSError as exc:
@@ -399,6 +468,8 @@ class Daemon:
                 ]
                 if self.kube is not None:
                     services.append(group.create_task(self.kube.run(), name="kubernetes"))
+                if self._reload_pending:  # a SIGHUP while starting
+                    self._on_sighup()
                 await self.stopping.wait()
                 for task in [*services, *self._extra_tasks]:
                     task.cancel()

@@ -1,31 +1,89 @@
-"""structlog set-up, and warnings that would otherwise repeat every tick."""
+"""structlog set-up, and warnings that would otherwise repeat every tick.
+
+In JSON mode every line on stderr is one JSON object: nodeguard's own events
+(an exception's traceback in ``exception``), records of the standard logging
+module (asyncio's, libraries'), warnings, uncaught exceptions, and errors
+asyncio's event loop reports (``log_loop_error``).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
+import threading
 import time
+from types import TracebackType
 from typing import Any
 
 import structlog
+
+_state = {"json": False}
 
 
 def configure(level: str = "info", json: bool | None = None) -> None:
     """Readable output on a terminal, one JSON object per line otherwise."""
     if json is None:
         json = not sys.stderr.isatty()
+    _state["json"] = json
     renderer: Any = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    # The console renderer shows exc_info itself; JSON needs it turned into text first.
+    tracebacks: list[Any] = [structlog.processors.format_exc_info] if json else []
+    common: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
+        processors=[structlog.contextvars.merge_contextvars, *common, *tracebacks, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    _route_standard_logging(level, [*common, structlog.stdlib.add_logger_name, *tracebacks], renderer)
+    if json:
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
+
+
+def json_mode() -> bool:
+    return _state["json"]
+
+
+def _route_standard_logging(level: str, chain: list[Any], renderer: Any) -> None:
+    """Records of the logging module (asyncio, libraries) go out through the same renderer."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=chain,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    # Libraries' info lines (httpx logs every request) stay out, as before this routing existed.
+    root.setLevel(max(logging.WARNING, logging.getLevelName(level.upper())))
+    logging.captureWarnings(True)
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    get_logger("nodeguard").critical("uncaught exception", exc_info=(kind, exc, tb))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_value is not None:
+        thread = args.thread.name if args.thread is not None else None
+        exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+        get_logger("nodeguard").critical("uncaught exception in a thread", thread=thread, exc_info=exc_info)
+
+
+def log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """An event loop exception handler: asyncio's own errors as structured events (each kind once a minute)."""
+    message = str(context.get("message") or "asyncio error")
+    if not _loop_errors.allow(message):
+        return
+    exc = context.get("exception")
+    fields = {k: repr(v)[:300] for k, v in context.items() if k not in ("message", "exception")}
+    get_logger("asyncio").error(message, exc_info=exc if isinstance(exc, BaseException) else False, **fields)
 
 
 def get_logger(name: str) -> Any:
@@ -53,3 +111,6 @@ class RateLimiter:
         for key in keys:
             self._last.pop(key, None)
             self.suppressed.pop(key, None)
+
+
+_loop_errors = RateLimiter(60.0)

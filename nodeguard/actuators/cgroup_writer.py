@@ -20,6 +20,8 @@ log = get_logger("nodeguard.writer")
 
 WRITABLE_FILES = frozenset({"cpu.max", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cgroup.freeze", "cgroup.kill"})
 _GONE = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
+# Refusals that mean nodeguard cannot write at all (not root, a read-only mount), not one workload's trouble.
+_NOT_PERMITTED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
 
 
 @dataclass
@@ -37,6 +39,7 @@ class CgroupWriter:
         self.root = os.path.realpath(root)
         self.dry_run = dry_run
         self.counters = WriteCounters()
+        self._refused: str | None = None  # the last write refused for want of permission, until one succeeds
 
     def path_of(self, workload_id: str, filename: str) -> str:
         """The checked absolute path of a cgroup file, or ActuationRefused."""
@@ -72,22 +75,30 @@ class CgroupWriter:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
         except OSError as exc:
-            self._count_error(exc)
+            self._count_error(exc, path)
             if exc.errno in _GONE:
                 raise CgroupGone(path) from None
             raise
         try:
             os.write(fd, value.encode("ascii"))
         except OSError as exc:
-            self._count_error(exc)
+            self._count_error(exc, path)
             if exc.errno in _GONE:
                 raise CgroupGone(path) from None
             raise
         finally:
             os.close(fd)
+        self._refused = None
         self.counters.writes += 1
         log.debug("wrote", path=path, value=value, **context)
         return True
 
-    def _count_error(self, exc: OSError) -> None:
-        self.counters.errors[errno.errorcode.get(exc.errno or 0, str(exc.errno))] += 1
+    def problem(self) -> str | None:
+        """Why writes fail (permission refused, read-only) since the last one that succeeded; None if they work."""
+        return self._refused
+
+    def _count_error(self, exc: OSError, path: str) -> None:
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        self.counters.errors[name] += 1
+        if exc.errno in _NOT_PERMITTED:
+            self._refused = f"quota writes refused: {name} ({exc.strerror}) writing {path}"

@@ -170,21 +170,24 @@ class Executor:
             self._withhold(prepared, previous, tick, exc)
             full_restores_only = True
         for action, current, writes in prepared:
-            if full_restores_only:
-                if not isinstance(action, Restore):
-                    continue
-                if not action.full:
-                    # A step up that the ledger cannot mark as ours would strand a throttle it cannot
-                    # recognise after a crash: give the original back instead (it needs no ledger).
-                    action = replace(action, quota=action.original, full=True)
-                    try:
-                        current, writes = self.quota.plan(
-                            action.workload_id, action.quota, self._child_originals(action.workload_id)
-                        )
-                    except (CgroupGone, OSError, ParseError, ActuationRefused):
-                        continue
-                    tick.hold(action.workload_id, None)
-            self._write(action, current, writes, tick)
+            if not full_restores_only:
+                self._write(action, current, writes, tick)
+            elif isinstance(action, Restore):
+                self._restore_fully(action, current, writes, tick)
+
+    def _restore_fully(self, action: Restore, current: CpuMax, writes: list[LimitWrite], tick: _Pass) -> None:
+        """A step up that the ledger cannot mark as ours would strand a throttle it cannot recognise after a
+        crash: give the original back instead (that needs no ledger)."""
+        if not action.full:
+            action = replace(action, quota=action.original, full=True)
+            try:
+                current, writes = self.quota.plan(
+                    action.workload_id, action.quota, self._child_originals(action.workload_id)
+                )
+            except (CgroupGone, OSError, ParseError, ActuationRefused):
+                return
+            tick.hold(action.workload_id, None)
+        self._write(action, current, writes, tick)
 
     def _child_originals(self, workload_id: str) -> dict[str, CpuMax]:
         held = self.ledger.entries.get(workload_id)
@@ -258,10 +261,14 @@ class Executor:
         held = tick.before.throttles.get(workload_id)
         context: dict[str, object] = {"action": action.kind, "metric": str(action.metric)}
         entry = self.ledger.entries.get(workload_id)
-        if held is not None and workload_id not in tick.done and entry is not None:
-            # Put back to its original behind nodeguard's back (kubelet resyncing): drift this write also fixes.
-            if entry.ownership(current) is Ownership.ORIGINAL:
-                context = self.quota.note_drift(workload_id, current, held.quota, context)
+        # Put back to its original behind nodeguard's back (kubelet resyncing): drift this write also fixes.
+        if (
+            held is not None
+            and workload_id not in tick.done
+            and entry is not None
+            and entry.ownership(current) is Ownership.ORIGINAL
+        ):
+            context = self.quota.note_drift(workload_id, current, held.quota, context)
         try:
             self.quota.perform(writes, reason=action.reason, **context)
         except CgroupGone:

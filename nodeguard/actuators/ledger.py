@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -26,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, TypeAdapter, ValidationError
 
-from nodeguard.atomic_file import set_aside, write_atomic
+from nodeguard.atomic_file import UnsafeFile, read_state_file, set_aside, write_atomic
 from nodeguard.errors import NodeguardError, ParseError
 from nodeguard.log import get_logger
 from nodeguard.model.samples import CpuMax
@@ -148,12 +147,12 @@ class Ledger:
         """
         ledger = cls(path)
         try:
-            raw = _read_regular(path)
+            raw = read_state_file(path, MAX_LEDGER_BYTES)
         except FileNotFoundError:
             return ledger
-        except _NotRegular as exc:
-            log.error("ledger path is not a regular file; starting without it", path=path, problem=str(exc))
-            ledger.set_aside = path  # left where it is: it is not ours to move
+        except UnsafeFile as exc:
+            log.error("ledger not read; starting without it", path=path, problem=exc.reason)
+            ledger.set_aside = path  # left where it is: what it is, or points at, is not ours to move
             return ledger
         try:
             document = json.loads(raw.decode("utf-8"))
@@ -232,28 +231,3 @@ def _encode(entry: LedgerEntry) -> dict[str, Any]:
         del data["children"]  # the format before children existed, still read by older versions
     return data
 
-
-class _NotRegular(OSError):
-    pass
-
-
-def _read_regular(path: str) -> bytes:
-    """A state file's bytes: never through a symlink, never blocking on a FIFO, bounded."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
-            raise _NotRegular(f"{path} is a symbolic link") from None
-        raise
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise _NotRegular(f"{path} is not a regular file")
-        if info.st_size > MAX_LEDGER_BYTES:
-            raise _NotRegular(f"{path} is larger than {MAX_LEDGER_BYTES} bytes")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)

@@ -152,13 +152,18 @@ class LoadTable:
 
     # --- events -------------------------------------------------------------------
 
-    def disconnected(self, owner: object, now: float) -> list[Load]:
-        """The connection ``owner`` closed: loads it still had to see through fail; the rest are detached."""
+    def disconnected(self, owner: object, now: float, *, keep_starting: bool = False) -> list[Load]:
+        """The connection ``owner`` closed: loads it still had to see through fail; the rest are detached.
+
+        ``keep_starting``: the gate closed the connection (it restarts), not the
+        client; an admitted load keeps its slot until its client attaches again
+        or its start times out, as after a daemon restart.
+        """
         failed = []
         for load in [load for load in self.loads.values() if load.owner is owner]:
             load.owner = None
             held = load.state in (LoadState.BLOCKED, LoadState.PENDING) or (
-                load.state is LoadState.STARTING and not load.spec.detach
+                load.state is LoadState.STARTING and not load.spec.detach and not keep_starting
             )
             if held:
                 self.counters["disconnected"] += 1
@@ -233,8 +238,10 @@ class LoadTable:
             if load.finished_at is not None and now - load.finished_at >= self.keep_failed:
                 self._drop(load)
 
-    def restore(self, load: Load) -> None:
-        """Put back a load read from the state file (starting or ready)."""
+    def restore(self, load: Load) -> bool:
+        """Put back a load read from the state file (starting or ready); False if the name is taken already."""
+        if load.name in self.loads:
+            return False  # counting a second one as starting would hold its slot for ever
         self._seq = max(self._seq, load.seq)
         self.loads[load.name] = load
         for dep in load.spec.depends_on:
@@ -244,6 +251,7 @@ class LoadTable:
         self.listener.changed(load, None)
         if load.state is LoadState.STARTING and load.spec.semaphore is not None:
             self._want_slot(load)  # it is starting already: counted again as soon as the node can
+        return True
 
     # --- admission ----------------------------------------------------------------
 

@@ -24,9 +24,12 @@ from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, field_
 from nodeguard.config import format_location
 from nodeguard.config_base import Model
 from nodeguard.gate.readiness import Readiness
+from nodeguard.preview import json_preview
 
 MAX_LINE = 64 * 1024
 MAX_NAME = 253  # a Kubernetes object name
+MAX_START_TIMEOUT = 86_400.0
+MAX_DETAILS = 20  # problems listed in one error response
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@:+=-]*$")
 
 
@@ -54,7 +57,7 @@ class Submit(_Request):
     depends_on: list[LoadName] = Field([], max_length=64)
     readiness: Readiness | None = Field(None, description="none: ready as soon as admitted")
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher goes first")
-    start_timeout_seconds: float | None = Field(None, gt=0, le=86_400)
+    start_timeout_seconds: float | None = Field(None, gt=0, le=MAX_START_TIMEOUT)
     detach: bool = Field(False, description="once admitted, the load outlives this connection")
     semaphore: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")] | None = Field(
         None, description="a cluster semaphore (coordination.semaphores) to hold a slot of while starting"
@@ -131,11 +134,14 @@ def parse_request(line: bytes) -> Request:
         request_id = None
     op = data.get("op")
     if op not in OPS:
-        raise ProtocolError(f"op: expected one of {', '.join(OPS)}, got {json.dumps(op)[:60]}", request_id)
+        raise ProtocolError(f"op: expected one of {', '.join(OPS)}, got {json_preview(op, 60)}", request_id)
     try:
         return _REQUEST.validate_python(data, strict=True)
     except ValidationError as exc:
-        details = [_render(error) for error in exc.errors(include_url=False)]
+        errors = exc.errors(include_url=False)
+        details = [_render(error) for error in errors[:MAX_DETAILS]]
+        if len(errors) > MAX_DETAILS:
+            details.append(f"... and {len(errors) - MAX_DETAILS} more")
         raise ProtocolError(f"invalid {op} request: " + "; ".join(details), request_id, details) from None
 
 
@@ -153,7 +159,7 @@ def _render(error: Any) -> str:
     message = message.removeprefix("Value error, ")
     line = f"{format_location(loc)}: {message}"
     if kind != "missing":
-        line += f", got {json.dumps(error['input'], default=repr)[:80]}"
+        line += f", got {json_preview(error['input'])}"  # the input is the client's: any depth, any size
     return line
 
 

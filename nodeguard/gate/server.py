@@ -1,13 +1,21 @@
 """The gate's unix socket: binding it safely, peer credentials, and one task per connection.
 
-Connections are tasks of the service's TaskGroup (not of asyncio's own
-server), so stopping the service closes every one of them.
+Connections are accepted by the service's own loop (not asyncio's server)
+and kept in its set, so stopping the service closes every one of them.
+
+What a client can cost is bounded: at most ``gate.maxConnections`` at once
+(one more is told ``busy`` and closed); a client's requests are not read while
+more than ``HIGH_WATER`` bytes of its responses wait to be sent, and reads take
+at most ``RECEIVE_SIZE`` bytes, so one that never reads costs a fixed amount;
+running out of descriptors pauses accepting briefly instead of ending the gate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import functools
 import grp
 import os
 import pwd
@@ -19,13 +27,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from nodeguard.errors import NodeguardError
-from nodeguard.gate.protocol import MAX_LINE, encode
+from nodeguard.gate.protocol import MAX_LINE, encode, error
 from nodeguard.gate.settings import GateSettings
 from nodeguard.log import get_logger
 
 log = get_logger("nodeguard.gate")
 
-MAX_BUFFERED = 1 << 20  # a client that does not read its responses is dropped past this
+HIGH_WATER = 16 * 1024  # a client's requests are not read while this much of its responses is unsent
+MAX_BUFFERED = 1 << 20  # responses it did not ask for meanwhile (wait results) past this: the client is dropped
+# accept() failures that mean "not now" (no descriptor, no memory): pause, then accept again.
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_PAUSE = (0.05, 1.0)  # first and longest pause
 
 
 class SocketUnavailable(NodeguardError):
@@ -50,24 +62,34 @@ def authorised(peer: Peer, settings: GateSettings) -> bool:
 
 
 class Connection:
-    def __init__(self, writer: asyncio.StreamWriter, peer: Peer) -> None:
-        self.writer = writer
+    def __init__(self, transport: asyncio.Transport, peer: Peer) -> None:
+        self.transport = transport
         self.peer = peer
         self.closed = False
         self.waiting: set[str] = set()  # names this connection has a wait on
+        self.waits = 0  # its waits not answered yet
 
     def send(self, message: dict[str, object]) -> None:
-        if self.closed or self.writer.is_closing():  # the peer may have gone already
+        if self.closed or self.transport.is_closing():  # the peer may have gone already
             return
-        self.writer.write(encode(message))
-        if self.writer.transport.get_write_buffer_size() > MAX_BUFFERED:
+        unsent = self.transport.get_write_buffer_size()
+        self.transport.write(encode(message))
+        # One large response (a status of many loads) is fine; a pile of them is a client not reading.
+        if unsent > HIGH_WATER and self.transport.get_write_buffer_size() > MAX_BUFFERED:
             log.warning("gate client does not read its responses; dropping it", pid=self.peer.pid)
-            self.close()
+            self.close(abort=True)
 
-    def close(self) -> None:
+    def unsent(self) -> int:
+        return self.transport.get_write_buffer_size()
+
+    def close(self, abort: bool = False) -> None:
+        """Close after sending what is buffered, or ``abort``: at once (a client that does not read would keep it)."""
         if not self.closed:
             self.closed = True
-            self.writer.close()
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     def __repr__(self) -> str:
         return f"Connection(pid={self.peer.pid}, uid={self.peer.uid})"
@@ -173,41 +195,157 @@ class Handler(Protocol):
 
     def closed(self, conn: Connection) -> None: ...
 
+    def max_connections(self) -> int: ...
 
-async def accept_loop(
-    sock: socket.socket, group: asyncio.TaskGroup, handler: Handler, connections: set[Connection]
-) -> None:
+    def busy(self, connections: int) -> None:
+        """A client was turned away: ``connections`` are open already."""
+
+    def accept_failed(self, exc: OSError) -> None:
+        """accept() failed for want of resources; the loop pauses and tries again."""
+
+    def failed(self, conn: Connection, exc: Exception) -> None:
+        """Handling a line raised: a bug, reported; the connection and the gate go on."""
+
+
+async def accept_loop(sock: socket.socket, handler: Handler, connections: set[Connection]) -> None:
     loop = asyncio.get_running_loop()
+    pause = ACCEPT_PAUSE[0]
     while True:
-        client, _ = await loop.sock_accept(sock)
+        try:
+            client, _ = await loop.sock_accept(sock)
+        except OSError as exc:
+            if exc.errno in OUT_OF_RESOURCES:
+                handler.accept_failed(exc)
+                await asyncio.sleep(pause)
+                pause = min(ACCEPT_PAUSE[1], pause * 2)
+                continue
+            if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):  # the client gave up: next one
+                continue
+            raise
+        pause = ACCEPT_PAUSE[0]
+        if len(connections) >= handler.max_connections():
+            handler.busy(len(connections))
+            _turn_away(client, len(connections))
+            continue
         try:
             peer = peer_of(client)
-            reader, writer = await asyncio.open_unix_connection(sock=client, limit=MAX_LINE)
+            await loop.connect_accepted_socket(functools.partial(_ClientProtocol, peer, handler, connections), client)
         except OSError:
             client.close()
-            continue
-        conn = Connection(writer, peer)
-        connections.add(conn)
-        group.create_task(_serve(conn, reader, handler, connections), name=f"gate-client-{peer.pid}")
 
 
-async def _serve(
-    conn: Connection, reader: asyncio.StreamReader, handler: Handler, connections: set[Connection]
-) -> None:
+def _turn_away(client: socket.socket, open_now: int) -> None:
+    """One JSON error line, without waiting for the client (it may not read), then close."""
+    message = error(None, "busy", f"the gate serves {open_now} connections, its maximum (gate.maxConnections)")
     try:
-        while not conn.closed:
-            try:
-                line = await reader.readline()
-            except ValueError:  # longer than MAX_LINE: no way to find where the next request starts
-                handler.overlong(conn)
-                break
-            if not line:
-                break
-            if line.strip():
-                handler.line(conn, line)
-    except (ConnectionError, OSError):
+        client.setblocking(False)
+        client.send(encode(message))
+    except OSError:
         pass
     finally:
-        connections.discard(conn)
+        client.close()
+
+
+RECEIVE_SIZE = 16 * 1024
+# What one client can hold in the daemon at most, besides the one answer being written: its unsent
+# answers up to HIGH_WATER, one read's worth of requests not handled yet, a line not complete yet.
+CLIENT_MEMORY = HIGH_WATER + RECEIVE_SIZE + MAX_LINE
+# One receive buffer for every connection: each read is taken out of it before the next one comes.
+_receive = bytearray(RECEIVE_SIZE)
+
+
+class _ClientProtocol(asyncio.BufferedProtocol):
+    """One client: lines in, handled one by one; back-pressure when its responses pile up.
+
+    What a client costs is bounded: the part of a line not complete yet (at
+    most MAX_LINE), lines received but not handled while its responses wait
+    (at most one read, RECEIVE_SIZE), and its unsent responses (HIGH_WATER and
+    the last one). While they wait, its socket is not read.
+    """
+
+    def __init__(self, peer: Peer, handler: Handler, connections: set[Connection]) -> None:
+        self.peer = peer
+        self.handler = handler
+        self.connections = connections
+        self.conn: Connection | None = None
+        self._buffer = bytearray()  # received and not handled yet
+        self._held = False  # the transport's write buffer is over HIGH_WATER
+        self._eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.conn = Connection(transport, self.peer)
+        self.connections.add(self.conn)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(_receive)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._buffer += memoryview(_receive)[:nbytes]
+        self._handle_lines()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._handle_lines()
+        return True  # half-closed: answers to what was sent still go out; _handle_lines closes when done
+
+    def pause_writing(self) -> None:
+        self._held = True
+        assert self.conn is not None
+        self.conn.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._held = False
+        self._handle_lines()
+        conn = self.conn
+        if conn is not None and not self._held and not conn.closed and not self._eof:
+            conn.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        conn.closed = True
+        self.connections.discard(conn)
+        self._buffer = bytearray()
+        self.handler.closed(conn)
+
+    def _handle_lines(self) -> None:
+        conn = self.conn
+        if conn is None:
+            return
+        buffer, start = self._buffer, 0
+        while not conn.closed and not self._held:
+            end = buffer.find(b"\n", start)
+            if end < 0:
+                break
+            line = bytes(buffer[start : end + 1])
+            start = end + 1
+            if len(line) > MAX_LINE:
+                self._overlong(conn)
+                return
+            self._line(conn, line)
+        del buffer[:start]
+        if conn.closed or self._held:
+            return
+        if len(buffer) > MAX_LINE:  # no way to find where the next request starts
+            self._overlong(conn)
+        elif self._eof:
+            if buffer:  # a last line without its newline
+                self._line(conn, bytes(buffer))
+                buffer.clear()
+            conn.close()
+
+    def _line(self, conn: Connection, line: bytes) -> None:
+        if not line.strip():
+            return
+        try:
+            self.handler.line(conn, line)
+        except Exception as exc:  # a bug in one request must not end the connection, nor the gate
+            self.handler.failed(conn, exc)
+
+    def _overlong(self, conn: Connection) -> None:
+        self._buffer = bytearray()
+        self.handler.overlong(conn)
         conn.close()
-        handler.closed(conn)

@@ -60,13 +60,15 @@ from nodeguard.gate.server import (
     bind,
 )
 from nodeguard.gate.settings import GateSettings
-from nodeguard.gate.states import WAIT_TARGETS, Load, LoadSpec, LoadState
+from nodeguard.gate.states import WAIT_TARGETS, ClusterSlot, Load, LoadSpec, LoadState
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.snapshot import NodeUsage
+from nodeguard.supervisor import supervise
 
 log = get_logger("nodeguard.gate")
 
 _Deferred = tuple[int, Connection, dict[str, Any]]
+MAX_WAITS = 256  # waits one connection may have open at once
 
 
 def slot_id(name: str, seq: int) -> str:
@@ -83,7 +85,6 @@ class GateService:
         if coordination is not None:
             coordination.on_revoke = self.slot_revoked
         self._slots: dict[tuple[str, int], asyncio.Task[None]] = {}  # (load, seq) -> its acquire
-        self._slot_wanted: list[Load] = []  # asked for before the event loop ran (restored loads)
         self.cpus = cpus
         self.state_path = os.path.join(state_dir, store.STATE_FILE)
         self.window = SignalWindow(settings.signal_window_seconds)
@@ -97,6 +98,7 @@ class GateService:
         )
         self.counters: Counter[str] = Counter()  # requests, malformed, unauthorised, forbidden, refused
         self.serving = False
+        self._problem: str | None = None
         # Called with each admitted load's wait (seconds from submit to admission), e.g. a metrics histogram.
         self.on_admission: Callable[[float], None] | None = None
         self._boot = store.boot_id()
@@ -119,34 +121,38 @@ class GateService:
     # --- lifecycle ----------------------------------------------------------------
 
     async def run(self) -> None:
-        """Serve until cancelled. A gate that cannot serve says so and leaves the rest of the daemon running."""
+        """Serve until cancelled, under a supervisor: an error is logged, the gate restarts, the daemon goes on."""
         if not self.settings.enabled:
             log.info("gate disabled (gate.enabled is false)")
             await asyncio.Event().wait()
+        await supervise("gate", self._serve_once, self._report, expected=(SocketUnavailable,))
+
+    def problem(self) -> str | None:
+        """Why the gate does not serve (for /readyz), or None: serving, or disabled on purpose."""
+        if not self.settings.enabled or self.serving:
+            return None
+        return self._problem or "not serving yet"
+
+    def _report(self, problem: str | None) -> None:
+        self._problem = problem
+
+    async def _serve_once(self) -> None:
         try:
             listening = bind(self.settings)
-        except (SocketUnavailable, OSError) as exc:
-            log.error("gate not serving; starts are not admitted by this daemon", error=str(exc))
-            await asyncio.Event().wait()
-            return
-        try:
-            await self._serve(listening)
-        except Exception:
-            log.error("gate stopped by an error; starts are no longer admitted", exc_info=True)
-            await asyncio.Event().wait()
+        except (ValueError, OSError) as exc:  # a path the kernel refuses (NUL byte, too long) is a ValueError
+            raise SocketUnavailable(f"cannot serve {self.settings.socket!r}: {exc}") from None
+        await self._serve(listening)
 
     async def _serve(self, listening: Listening) -> None:
-        self.serving = True
-        log.info("gate serving", socket=listening.path, **self._limits_status())
+        self._stopping = False
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
                 group.create_task(self._persist_loop(), name="gate-persist")
-                group.create_task(accept_loop(listening.sock, group, self, self._connections), name="gate-accept")
-                for load in self._slot_wanted:
-                    self.wants_slot(load)
-                self._slot_wanted.clear()
-                self._resume_restored(time.monotonic())
+                group.create_task(accept_loop(listening.sock, self, self._connections), name="gate-accept")
+                self._resume(time.monotonic())
+                self.serving, self._problem = True, None
+                log.info("gate serving", socket=listening.path, **self._limits_status())
                 try:
                     await asyncio.Event().wait()
                 except asyncio.CancelledError:
@@ -159,27 +165,46 @@ class GateService:
             self._group = None
             for handle in [*self._timeouts.values(), *([self._retry] if self._retry else [])]:
                 handle.cancel()
-            for conn in list(self._connections):
-                conn.close()
+            self._timeouts.clear()
+            self._probes.clear()  # tasks of the group, cancelled with it
+            self._slots.clear()  # likewise; asked again when the gate serves again
+            self._retry, self._retry_at = None, None
+            connections = list(self._connections)
+            for conn in connections:
+                conn.close(abort=True)  # a client that does not read would keep its descriptor
+            self._connections.clear()
+            self._waiters.clear()
+            self._deferred.clear()
+            now = time.monotonic()
+            for conn in connections:  # their clients reconnect and attach; what was not admitted yet fails
+                self.table.disconnected(conn, now, keep_starting=True)
             self._write_state()
             listening.close()
 
     def _restore(self) -> None:
-        found = store.read(self.state_path, self._boot)
+        # A load is restored only if its submitter may use the gate now: its exec probe runs as that uid.
+        found = store.read(self.state_path, self._boot, self._may_use)
         if found.other_boot:
             log.info("gate state is from an earlier boot; its loads are gone", path=self.state_path)
         for problem in found.problems:
             log.error("gate state: could not restore", path=self.state_path, problem=problem, kept_as=found.set_aside)
         for load in found.loads:
-            self.table.restore(load)
+            if not self.table.restore(load):
+                log.error("gate state: a load listed twice; restored once", path=self.state_path, load=load.name)
         starting = [load.name for load in found.loads if load.state is LoadState.STARTING]
         if found.loads:
             log.info("gate restored admitted loads; starting ones keep their slots", starting=starting)
 
-    def _resume_restored(self, now: float) -> None:
+    def _may_use(self, uid: int, gid: int) -> bool:
+        return authorised(Peer(0, uid, gid), self.settings)
+
+    def _resume(self, now: float) -> None:
+        """Serving (again): watch every starting load, ask for the cluster slots wanted, re-arm the hold timer."""
         for load in list(self.table.loads.values()):
             if load.state is LoadState.STARTING:
                 self._watch(load, now)
+            if load.cluster is ClusterSlot.WAITING:
+                self.wants_slot(load)
         self._after()
 
     # --- the daemon's calls -------------------------------------------------------
@@ -220,7 +245,9 @@ class GateService:
         decision = self.table.last_decision
         return {
             "serving": self.serving,
+            "problem": self.problem(),
             "socket": self.settings.socket,
+            "connections": len(self._connections),
             "limits": self._limits_status(),
             "signals": {"load1": signals.load1, "cpuPercent": signals.cpu_percent, "samples": signals.samples},
             "counts": self.table.counts(),
@@ -271,6 +298,25 @@ class GateService:
         self.counters["malformed"] += 1
         conn.send(error(None, "invalid", "request line too long"))
 
+    def max_connections(self) -> int:
+        return self.settings.max_connections
+
+    def busy(self, connections: int) -> None:
+        self.counters["busy"] += 1
+        if self._warnings.allow("busy"):
+            log.warning("gate: too many connections; turning clients away", connections=connections,
+                        max_connections=self.settings.max_connections)
+
+    def accept_failed(self, exc: OSError) -> None:
+        self.counters["accept_failed"] += 1
+        if self._warnings.allow("accept"):
+            log.error("gate: cannot accept connections for now; pausing", error=str(exc))
+
+    def failed(self, conn: Connection, exc: Exception) -> None:
+        self.counters["internal_errors"] += 1
+        log.error("gate: a request could not be handled", pid=conn.peer.pid, exc_info=exc)
+        conn.send(error(None, "internal", "internal error; see the daemon's log"))
+
     def closed(self, conn: Connection) -> None:
         if self._stopping:
             return
@@ -308,8 +354,11 @@ class GateService:
             if load.state in WAIT_TARGETS[request.until]:
                 self._reply(conn, rid, load)
             else:
+                if conn.waits >= MAX_WAITS:
+                    raise GateRefused("too_many_waits", f"this connection has {conn.waits} waits open already")
                 self._waiters.setdefault(request.name, []).append((conn, rid, request.until))
                 conn.waiting.add(request.name)
+                conn.waits += 1
         elif isinstance(request, Ready | Release | Cancel | Attach):
             self._check_may_change(conn.peer, self.table.get(request.name))
             if isinstance(request, Ready):
@@ -387,6 +436,7 @@ class GateService:
             if conn.closed:
                 continue
             if load.state in WAIT_TARGETS[until]:
+                conn.waits -= 1
                 self._reply(conn, rid, load)
             else:
                 remaining.append((conn, rid, until))
@@ -399,14 +449,14 @@ class GateService:
         if name in self.table.loads:
             return
         for conn, rid, _ in self._waiters.pop(name, []):
+            conn.waits -= 1
             conn.send(error(rid, "unknown_load", f"load {name!r} was released"))
 
     # --- cluster slots (loads.Listener and the coordination service) ------------------
 
     def wants_slot(self, load: Load) -> None:
         if self._group is None:
-            self._slot_wanted.append(load)
-            return
+            return  # not serving (not yet, or restarting): _resume asks for it
         key = (load.name, load.seq)
         if key not in self._slots:
             self._slots[key] = self._group.create_task(self._acquire(load), name=f"gate-slot-{load.name}")

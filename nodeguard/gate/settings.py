@@ -53,12 +53,21 @@ class GateSettings(Model):
     )
     keep_failed_seconds: float = Field(300.0, ge=0, le=86_400, description="how long failed loads stay in status")
     max_loads: int = Field(4096, ge=1, le=1_000_000, description="loads the gate tracks at once; more are refused")
+    max_connections: int = Field(
+        512,
+        ge=1,
+        le=65_536,
+        description="client connections served at once; one more is answered 'busy' and closed"
+        " (a client that does not read costs at most ~100 KiB: keep this x 100 KiB within the daemon's memory limit)",
+    )
 
     @field_validator("socket")
     @classmethod
     def _absolute(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError("expected an absolute path")
+        if value.endswith("/"):
+            raise ValueError("expected the path of the socket, not of a directory")
         if len(value.encode()) > 107:
             raise ValueError("a unix socket path must be at most 107 bytes")
         return value

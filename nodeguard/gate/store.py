@@ -11,15 +11,19 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
-from nodeguard.atomic_file import set_aside, write_atomic
-from nodeguard.gate.readiness import READINESS, dump_readiness
+from nodeguard.atomic_file import UnsafeFile, keep_copy, read_state_file, set_aside, write_atomic
+from nodeguard.config import format_location
+from nodeguard.config_base import Model
+from nodeguard.gate.protocol import MAX_START_TIMEOUT, LoadName
+from nodeguard.gate.readiness import Readiness, dump_readiness
 from nodeguard.gate.states import Load, LoadSpec, LoadState
 
 STATE_FILE = "gate-state.json"
@@ -62,78 +66,147 @@ def _record(load: Load) -> dict[str, Any]:
     }
 
 
-def _load(record: dict[str, Any]) -> Load:
-    readiness = record["readiness"]
+MAX_STATE_BYTES = 64 << 20  # far above what maxLoads loads take; a larger file is not ours
+# A restored time may be this far past the clock read at restore (the file was written just before).
+_CLOCK_SLACK = 5.0
+SemaphoreName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")]
+Id = Annotated[int, Field(ge=0, lt=2**32 - 1)]
+Moment = Annotated[float, Field(ge=0)]  # CLOCK_MONOTONIC seconds; finite (the base model refuses inf and NaN)
+
+
+class _Record(Model):
+    """One load as the state file holds it: every field checked as strictly as a client's submit."""
+
+    name: LoadName
+    state: Literal["starting", "ready"]
+    reason: str = Field(max_length=4096)
+    depends_on: list[LoadName] = Field(max_length=64)
+    readiness: Readiness | None
+    priority: int = Field(ge=-1_000_000, le=1_000_000)
+    start_timeout_seconds: float | None = Field(gt=0, le=MAX_START_TIMEOUT)
+    detach: bool
+    uid: Id
+    gid: Id
+    semaphore: SemaphoreName | None = None
+    seq: int = Field(ge=1, le=2**62)
+    submitted_at: Moment
+    wall_submitted_at: float
+    admitted_at: Moment
+    deadline: Moment | None
+    finished_at: Moment | None
+
+
+_RECORD: TypeAdapter[_Record] = TypeAdapter(_Record)
+
+
+def _load(raw: object, now: float) -> Load:
+    record = _RECORD.validate_python(raw, strict=True)
+    if not record.submitted_at <= record.admitted_at <= now + _CLOCK_SLACK:
+        raise ValueError("admittedAt is before submittedAt or in the future: not a time of this boot")
+    state = LoadState(record.state)
+    if state is LoadState.STARTING:
+        if record.deadline is None or not record.admitted_at < record.deadline:
+            raise ValueError("a starting load needs a deadline after its admission")
+        if record.deadline - record.admitted_at > MAX_START_TIMEOUT + _CLOCK_SLACK:
+            raise ValueError(f"deadline is more than {MAX_START_TIMEOUT:g}s after admission")
+    if record.finished_at is not None and not record.admitted_at <= record.finished_at <= now + _CLOCK_SLACK:
+        raise ValueError("finishedAt is before admission or in the future")
     spec = LoadSpec(
-        name=str(record["name"]),
-        depends_on=tuple(str(d) for d in record["dependsOn"]),
-        readiness=None if readiness is None else READINESS.validate_python(readiness),
-        priority=int(record["priority"]),
-        start_timeout=None if record["startTimeoutSeconds"] is None else float(record["startTimeoutSeconds"]),
-        detach=bool(record["detach"]),
-        uid=int(record["uid"]),
-        gid=int(record["gid"]),
-        semaphore=None if record.get("semaphore") is None else str(record["semaphore"]),
+        name=record.name,
+        depends_on=tuple(record.depends_on),
+        readiness=record.readiness,
+        priority=record.priority,
+        start_timeout=record.start_timeout_seconds,
+        detach=record.detach,
+        uid=record.uid,
+        gid=record.gid,
+        semaphore=record.semaphore,
     )
-    state = LoadState(record["state"])
-    if state not in PERSISTED:
-        raise ValueError(f"state {state} is never persisted")
     return Load(
         spec=spec,
-        seq=int(record["seq"]),
+        seq=record.seq,
         state=state,
-        reason=str(record["reason"]),
-        submitted_at=float(record["submittedAt"]),
-        wall_submitted_at=float(record["wallSubmittedAt"]),
-        admitted_at=_optional_float(record["admittedAt"]),
-        deadline=_optional_float(record["deadline"]),
-        finished_at=_optional_float(record["finishedAt"]),
+        reason=record.reason,
+        submitted_at=record.submitted_at,
+        wall_submitted_at=record.wall_submitted_at,
+        admitted_at=record.admitted_at,
+        deadline=record.deadline,
+        finished_at=record.finished_at,
         restored=True,
     )
-
-
-def _optional_float(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
 
 
 @dataclass
 class ReadBack:
     loads: list[Load] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    set_aside: str | None = None  # where an unreadable file was moved
+    set_aside: str | None = None  # where an unreadable file was moved, or a copy of one with bad records
     other_boot: bool = False
 
 
-def read(path: str, boot: str | None) -> ReadBack:
-    """The loads of the state file; an unreadable file is renamed aside (never deleted) and reported."""
+def read(
+    path: str, boot: str | None, allowed: Callable[[int, int], bool] | None = None, now: float | None = None
+) -> ReadBack:
+    """The loads of the state file; an unreadable file is renamed aside (never deleted) and reported.
+
+    ``allowed(uid, gid)``: whether that peer may use the gate now. A load whose
+    submitter may not is not restored (its exec probe would run as that uid).
+    A file with bad records restores the good ones and keeps a copy aside.
+    """
     result = ReadBack()
+    now = time.monotonic() if now is None else now
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return result
-    except (OSError, UnicodeDecodeError) as exc:
-        result.problems.append(f"cannot read: {exc}")
-        return result
-    try:
-        data = json.loads(text)
+        data = json.loads(read_state_file(path, MAX_STATE_BYTES).decode("utf-8"))
         if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("loads"), list):
             raise ValueError(f"not a version {VERSION} gate state")
-    except ValueError as exc:
+    except FileNotFoundError:
+        return result
+    except (UnsafeFile, ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         with contextlib.suppress(OSError):
             result.set_aside = set_aside(path)
-        result.problems.append(str(exc))
+        result.problems.append(f"{type(exc).__name__}: {exc}" if isinstance(exc, RecursionError) else str(exc))
+        return result
+    except OSError as exc:
+        result.problems.append(f"cannot read: {exc}")
         return result
     if data.get("bootId") != boot:
         result.other_boot = True
         return result
+    found: dict[str, tuple[int, Load]] = {}
     for index, record in enumerate(data["loads"]):
         try:
-            if not isinstance(record, dict):
-                raise TypeError("not an object")
-            result.loads.append(_load(record))
-        except (KeyError, TypeError, ValueError, ValidationError) as exc:
-            result.problems.append(f"loads[{index}]: {exc}")
+            load = _load(record, now)
+        except (ValidationError, ValueError) as exc:
+            result.problems.append(f"loads[{index}]: {_brief(exc)}")
+            continue
+        if allowed is not None and not allowed(load.spec.uid, load.spec.gid):
+            result.problems.append(
+                f"loads[{index}]: {load.name!r} was submitted by uid {load.spec.uid} (gid {load.spec.gid}),"
+                " which may not use the gate (gate.allowedUids, gate.allowedGids); not restored"
+            )
+            continue
+        earlier = found.get(load.name)
+        if earlier is not None:
+            kept, dropped = (earlier, (index, load)) if earlier[1].seq >= load.seq else ((index, load), earlier)
+            result.problems.append(
+                f"loads[{dropped[0]}]: a second record of {load.name!r}; kept loads[{kept[0]}] (seq {kept[1].seq})"
+            )
+            found[load.name] = kept
+        else:
+            found[load.name] = (index, load)
+    result.loads = [load for _, load in sorted(found.values(), key=lambda item: item[0])]
+    if result.problems:
+        with contextlib.suppress(OSError):
+            result.set_aside = keep_copy(path)
     return result
+
+
+def _brief(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(
+            f"{format_location(error['loc'])}: {error['msg']}" for error in exc.errors(include_url=False)[:5]
+        )
+    return str(exc)
 
 
 class StateWriter:

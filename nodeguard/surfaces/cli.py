@@ -12,7 +12,7 @@ from pathlib import Path
 from nodeguard import __version__
 from nodeguard.config import Document, Settings, json_schema, load_document
 from nodeguard.errors import ConfigError, ConfigUnreadable, NodeguardError
-from nodeguard.log import configure
+from nodeguard.log import configure, get_logger, json_mode
 from nodeguard.node import node_labels, node_name
 from nodeguard.sources.paths import LayoutError
 from nodeguard.sources.sensor import Sensor
@@ -142,8 +142,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         # Before the daemon's event loop exists: these labels choose the perNode rules.
         api = fetch_node_labels_sync(kube, name)
         if api is None:
-            print("nodeguard: cannot read this node's labels from the API server; perNode rules"
-                  " see only the hostname and --node-label", file=sys.stderr)
+            get_logger("nodeguard").warning(
+                "cannot read this node's labels from the API server; perNode rules see only the hostname"
+                " and --node-label"
+            )
         labels = merge_labels(local, api, explicit)
     settings = document.settings_for(labels, str(args.config or "defaults"))
     try:
@@ -157,7 +159,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             explicit_labels=explicit,
         )
     except NodeBusy as exc:
-        print(f"nodeguard: {exc}; refusing to act beside it", file=sys.stderr)
+        get_logger("nodeguard").error("not starting: refusing to act beside another nodeguard", error=str(exc))
         return EXIT_INVALID
     return asyncio.run(daemon.run())
 
@@ -224,6 +226,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _daemon_logs_json(args: argparse.Namespace) -> bool:
+    """The daemon's fatal errors are log events in a JSON log, like everything else it says."""
+    return args.command == "run" and json_mode()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_level)
@@ -251,13 +258,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(json_schema(), indent=2))
             return EXIT_OK
     except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+        if _daemon_logs_json(args):
+            get_logger("nodeguard").error("config rejected; not starting", source=exc.source, problems=exc.problems)
+        else:
+            print(exc.render(), file=sys.stderr)
         return EXIT_INVALID
     except ConfigUnreadable as exc:
-        print(exc, file=sys.stderr)
+        if _daemon_logs_json(args):
+            get_logger("nodeguard").error("config unreadable; not starting", error=str(exc))
+        else:
+            print(exc, file=sys.stderr)
         return EXIT_UNREADABLE
     except (NodeguardError, LayoutError, OSError) as exc:
-        print(f"nodeguard: {exc}", file=sys.stderr)
+        if _daemon_logs_json(args):
+            get_logger("nodeguard").error("cannot start", error=str(exc))
+        else:
+            print(f"nodeguard: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except KeyboardInterrupt:
         return 130

@@ -3,14 +3,20 @@
 A small HTTP/1.1 server on asyncio streams, in the daemon's own event loop:
 scrapes and status reads run between ticks, so they never see half-updated
 state and need no locks. GET and HEAD only; one request per connection.
+
+/readyz is the daemon's health: ready only while no part reports a problem
+(no tick yet, the gate not serving, quota writes refused). At most
+``MAX_CONNECTIONS`` are served at once (more are closed at once), each for at
+most ``READ_TIMEOUT`` seconds of reading: a local user opening connections
+cannot take the daemon's descriptors, and asyncio's server pauses accepting
+(and logs it) rather than stopping when they run out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +28,7 @@ log = get_logger("nodeguard.http")
 
 MAX_REQUEST_BYTES = 8192
 READ_TIMEOUT = 5.0
+MAX_CONNECTIONS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +53,16 @@ class HttpServer:
     def __init__(
         self,
         registry: CollectorRegistry,
-        ready: Callable[[], bool],
+        health: Callable[[], Mapping[str, str | None]],
         status: Callable[[], dict[str, Any]],
     ) -> None:
         self.registry = registry
-        self.ready = ready
+        self.health = health  # part -> its problem, None when it is fine
         self.status = status
         self.requests = 0
         self.errors = 0
+        self.refused = 0  # connections closed unanswered: MAX_CONNECTIONS were open
+        self.open = 0
 
     def route(self, method: str, path: str) -> Response:
         path = path.split("?", 1)[0]
@@ -64,13 +73,27 @@ class HttpServer:
         if path == "/healthz":
             return Response(200, b"ok\n")
         if path == "/readyz":
-            return Response(200, b"ready\n") if self.ready() else Response(503, b"no successful tick yet\n")
+            problems = [f"{part}: {problem}" for part, problem in self.health().items() if problem is not None]
+            if not problems:
+                return Response(200, b"ready\n")
+            return Response(503, ("not ready\n" + "".join(f"{line}\n" for line in problems)).encode())
         if path == "/status":
             body = json.dumps(self.status(), default=str, allow_nan=False).encode()
             return Response(200, body, "application/json")
         return Response(404, b"not found: try /metrics /healthz /readyz /status\n")
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.open >= MAX_CONNECTIONS:
+            self.refused += 1
+            writer.transport.abort()  # frees the descriptor now; a scraper retries
+            return
+        self.open += 1
+        try:
+            await self._handle(reader, writer)
+        finally:
+            self.open -= 1
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.requests += 1
         method = "GET"
         try:
@@ -94,9 +117,12 @@ class HttpServer:
             f"Content-Type: {response.content_type}\r\nContent-Length: {len(response.body)}\r\n"
             "Connection: close\r\n\r\n"
         ).encode()
-        with contextlib.suppress(ConnectionError):
+        try:
             writer.write(header if method == "HEAD" else header + response.body)
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), READ_TIMEOUT)  # a client that does not read is let go
+        except (ConnectionError, TimeoutError):
+            writer.transport.abort()
+            return
         writer.close()
 
     async def start(self, listen: str) -> asyncio.Server:

@@ -60,6 +60,10 @@ def render(status: dict[str, Any]) -> Group:
         f"memory {_gib(node.get('memory_used'))}/{_gib(node.get('memory_total'))} GiB",
         "",
     )
+    problems = [f"{part}: {problem}" for part, problem in (status.get("health") or {}).items() if problem]
+    head.add_row(
+        "[green]healthy[/]" if not problems else "[red]not ready:[/] " + "; ".join(problems), "", "", ""
+    )
     waterlines = Table(title="waterlines", expand=True)
     for column in ("metric", "action", "now", "waterline", "restore below", "gap"):
         waterlines.add_column(column)

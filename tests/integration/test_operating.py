@@ -109,11 +109,12 @@ def _ok(url: str) -> bool:
 
 
 def test_readyz_is_unavailable_before_the_first_tick() -> None:
-    """Before any successful tick /readyz answers 503; after, 200."""
-    ready = False
-    server = HttpServer(__import__("prometheus_client").CollectorRegistry(), lambda: ready, dict)
-    assert server.route("GET", "/readyz").status == 503
-    ready = True
+    """While a part reports a problem (no tick yet) /readyz answers 503 naming it; once none does, 200."""
+    health: dict[str, str | None] = {"guard": "no successful tick yet", "gate": None}
+    server = HttpServer(__import__("prometheus_client").CollectorRegistry(), lambda: health, dict)
+    response = server.route("GET", "/readyz")
+    assert response.status == 503 and b"guard: no successful tick yet" in response.body
+    health["guard"] = None
     assert server.route("GET", "/readyz").status == 200
     assert server.route("POST", "/metrics").status == 405
 

@@ -115,6 +115,17 @@ def test_guard_is_protected_under_pressure() -> None:
     assert int(value("CPUWeight")) > 100  # the default weight
 
 
+def test_open_file_limit_leaves_room_for_every_client() -> None:
+    """LimitNOFILE is what the daemon raises its own soft limit to, far above the gate's and HTTP's connection caps."""
+    from nodeguard.daemon import WANTED_OPEN_FILES
+    from nodeguard.gate.settings import GateSettings
+    from nodeguard.surfaces.http import MAX_CONNECTIONS
+
+    limit = int(value("LimitNOFILE"))
+    assert limit == WANTED_OPEN_FILES
+    assert limit >= GateSettings().max_connections + MAX_CONNECTIONS + 4096  # and the sensor's open cgroup files
+
+
 def _verify(unit_text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     # The command must exist for systemd to accept the unit: point it at this venv's nodeguard.
     nodeguard = Path(sys.executable).with_name("nodeguard")
