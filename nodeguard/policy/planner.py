@@ -27,7 +27,13 @@ One tick, in order:
    by no more than the throttle-up gap, steps under guard.minChangePercent
    skipped. A workload is released (its exact original limit written back,
    possibly unlimited) once the step reaches its original limit, the node's
-   cores, or the usage it had when first throttled, whichever is lowest.
+   cores, or the demand it had when first throttled, whichever is lowest.
+4. Refill: between the restore waterline and the waterline nothing is
+   restored (the dead-band), but where the node has been more than
+   guard.minChangePercent under its aim (the waterline less the margin) for
+   restoreAfter ticks, throttled workloads that are starved (their threads
+   never slept: they would use it) get that room back, a step at a time and
+   most important first, so a throttle that overshot does not waste the node.
 
 A workload whose last write the kernel refused is held back (no candidate)
 for its back-off; the daemon plans the tick again without it, so the next
@@ -155,6 +161,10 @@ class _Tick:
                 key = (metric, Direction.RESTORE)
                 calm = value is not None and value < line.restore_below
                 streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if calm else 0
+            if line.action == "throttle" and line.quantified:
+                key = (metric, Direction.REFILL)
+                room = value is not None and self._room(line, value) >= self.min_change
+                streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if room else 0
         return streaks
 
     def block(self, metric: Metric, direction: Direction, cause: Cause, detail: str) -> None:
@@ -230,7 +240,9 @@ class _Tick:
         for line in sorted(lines, key=lambda w: CAPABILITIES[w.metric].compressible):
             if line.action == "evict":
                 self.evict(line)
-        self.restore([line for line in lines if line.action == "throttle"])
+        throttle_lines = [line for line in lines if line.action == "throttle"]
+        if not self.restore(throttle_lines):
+            self.refill(throttle_lines)
         new_state = GuardState(
             streaks=self.streaks,
             cooldowns=self.cooldowns,
@@ -537,19 +549,20 @@ class _Tick:
 
     # --- restore -------------------------------------------------------------------
 
-    def restore(self, lines: list[Waterline]) -> None:
+    def restore(self, lines: list[Waterline]) -> bool:
+        """Raise held quotas when the node is calm; False when it is not (nothing raised)."""
         if not self.held_before:
-            return
+            return False
         for metric in self.gaps.throttle_down:
             self.block(metric, Direction.RESTORE, "throttling", f"{metric} is past its waterline")
         if self.gaps.throttle_down:
-            return
+            return False
         reasons = frozenset().union(*(h.reasons for h in self.throttles.values()))
         budget = self.guard.restore_step_percent / 100.0 * self.node.cpus
         closed_loop: list[Metric] = []
         for line in lines:
             if not self._calm(line, reasons):
-                return
+                return False
             up = self.gaps.throttle_up.get(line.metric)
             if up is None:
                 continue  # no sample, and nothing held for this metric
@@ -558,6 +571,29 @@ class _Tick:
             else:
                 closed_loop.append(line.metric)
         self._raise(budget, closed_loop)
+        return True
+
+    def _room(self, line: Waterline, value: float) -> float:
+        """Cores between the node's reading and what a throttle aims at (the waterline less the margin)."""
+        return (line.threshold - value) / self._per_unit(line.metric) - self.margin
+
+    def refill(self, lines: list[Waterline]) -> None:
+        """In the dead-band: give starved throttled workloads the room left under the aim, a step at a time."""
+        if not self.throttles or self.gaps.throttle_down or not lines:
+            return
+        room = math.inf
+        for line in lines:
+            value = self.readings[line.metric]
+            if not line.quantified or value is None:
+                return  # a closed-loop metric (or no reading) cannot say how much room there is
+            if self.streaks.get((line.metric, Direction.REFILL), 0) < line.restore_after:
+                return
+            room = min(room, self._room(line, value))
+        if room < self.min_change:
+            return
+        budget = min(room, self.guard.restore_step_percent / 100.0 * self.node.cpus)
+        starved = {wid for wid, u in self.workloads.items() if (u.starved_cores or 0.0) >= CLOSED_CORES}
+        self._raise(budget, [], only=starved, refill=True)
 
     def _calm(self, line: Waterline, reasons: frozenset[Metric]) -> bool:
         """May quotas rise as far as this throttle metric is concerned?"""
@@ -588,8 +624,12 @@ class _Tick:
             return False
         return True
 
-    def _raise(self, budget: float, closed_loop: list[Metric]) -> None:
-        held = [self.workloads[wid] for wid in self.throttles if wid not in self.evictions]
+    def _raise(
+        self, budget: float, closed_loop: list[Metric], only: set[str] | None = None, refill: bool = False
+    ) -> None:
+        held = [
+            self.workloads[wid] for wid in self.throttles if wid not in self.evictions and (only is None or wid in only)
+        ]
         spent = 0.0
         # Most important first: the reverse of the order in which they were picked.
         for usage in reversed(GENERAL_SORTER.sort(held)):
@@ -608,19 +648,27 @@ class _Tick:
                 step, full = left, False
                 new = CpuMax(round((current + left) * period), period)
             else:
-                if spent == 0:
+                if spent == 0 and not refill:
                     detail = f"a step of {_fmt(left)} cores is under minChangePercent"
                     self.block(_first(throttle.reasons), Direction.RESTORE, "step-too-small", detail)
                 return
             spent += step
-            self._emit_restore(usage, throttle, new, step=step, full=full, spent=spent)
+            self._emit_restore(usage, throttle, new, step=step, full=full, spent=spent, refill=refill)
             if closed_loop:
                 for metric in closed_loop:
                     self.cooldowns[(metric, Direction.RESTORE)] = self.guard.cooldown_ticks
                 return  # closed loop: one workload, then measure again
 
     def _emit_restore(
-        self, usage: WorkloadUsage, throttle: HeldThrottle, new: CpuMax, *, step: float, full: bool, spent: float
+        self,
+        usage: WorkloadUsage,
+        throttle: HeldThrottle,
+        new: CpuMax,
+        *,
+        step: float,
+        full: bool,
+        spent: float,
+        refill: bool = False,
     ) -> None:
         metric = _first(throttle.reasons)
         up = self.gaps.throttle_up.get(metric)
@@ -633,7 +681,11 @@ class _Tick:
                 workload=usage.workload,
                 metric=metric,
                 reason=("released: back to the original limit" if full else "raised one step")
-                + " (node calm on every throttle metric)",
+                + (
+                    " (room left under the waterline, and it is starved)"
+                    if refill
+                    else " (node calm on every throttle metric)"
+                ),
                 gap_before=gap_before,
                 predicted_release=None if per_unit is None else -step * per_unit,
                 quota=new,

@@ -20,6 +20,7 @@ from nodeguard.policy.metrics import Metric
 class Direction(StrEnum):
     THROTTLE = "throttle"  # lower quotas: the throttle-down gap
     RESTORE = "restore"  # raise quotas back: the throttle-up gap
+    REFILL = "refill"  # raise quotas of starved throttled workloads into room left under the waterline
     EVICT = "evict"
 
 

@@ -6,12 +6,14 @@ import pytest
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.workloads import QosClass
-from nodeguard.policy.actions import Throttle
+from nodeguard.policy.actions import Restore, Throttle
+from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan, plan
-from nodeguard.policy.state import GuardState
+from nodeguard.policy.state import GuardState, HeldThrottle
 from tests.policy.builders import cpu_throttle, guard, snapshot, usage
 
 POD_LIMIT = CpuMax(150000)
+CPU = Metric.CPU_TOTAL_USAGE
 SETTINGS = guard(cpu_throttle(1.4, 1.0), minQuotaCores=0.05)
 
 
@@ -79,3 +81,39 @@ def test_a_held_throttle_does_not_count_as_waiting_to_expand() -> None:
     with_it = plan(snapshot([held_back_by_quota, *others], cpus=2, cores_used=1.9), GuardState(), SETTINGS)
     without = plan(snapshot(others, cpus=2, cores_used=1.9), GuardState(), SETTINGS)
     assert [(a.workload_id, a.quota) for a in with_it.actions] == [(a.workload_id, a.quota) for a in without.actions]
+
+
+def test_room_left_under_the_waterline_goes_back_to_starved_throttled_work() -> None:
+    """After a throttle that overshot (node well under its aim, above the restore waterline), starved throttled
+    workloads get the room back a step at a time, most important first; a sleeping one is left alone."""
+    held = {
+        "be0": HeldThrottle("be0", POD_LIMIT, CpuMax(5000), frozenset({CPU}), 0.0, demand_cores=1.0),
+        "be1": HeldThrottle("be1", POD_LIMIT, CpuMax(30000), frozenset({CPU}), 0.0, demand_cores=1.0),
+        "calm": HeldThrottle("calm", POD_LIMIT, CpuMax(30000), frozenset({CPU}), 0.0, demand_cores=1.0),
+    }
+    workloads = [
+        usage("be0", cores=0.05, waiting=0.95, cpu_max=CpuMax(5000), priority=-2),
+        usage("be1", cores=0.3, waiting=0.7, cpu_max=CpuMax(30000), priority=-1),
+        usage("calm", cores=0.1, waiting=None, cpu_max=CpuMax(30000)),
+    ]
+    settings = guard(cpu_throttle(1.4, 1.0, restoreAfter=2), targetMarginPercent=1, restoreStepPercent=10)
+    state = GuardState(throttles=held)
+    first = plan(snapshot(workloads, cpus=2, cores_used=1.2), state, settings)
+    assert not first.actions, "confirming first: restoreAfter ticks with room"
+    second = plan(snapshot(workloads, cpus=2, cores_used=1.2, monotonic=101.0), first.state, settings)
+    raised = {a.workload_id: a.quota for a in second.actions if isinstance(a, Restore)}
+    assert set(raised) == {"be1"}, "the most important starved workload, not the sleeping one"
+    assert raised["be1"] == CpuMax(48000), "the room: 1.4 less the 1 % margin (0.02) less 1.2, i.e. 0.18 cores"
+    assert "starved" in second.actions[0].reason
+
+
+def test_no_refill_within_min_change_of_the_aim_or_past_the_waterline() -> None:
+    """Close to the aim (under minChange away) or over the waterline, nothing is refilled."""
+    held = {"be": HeldThrottle("be", POD_LIMIT, CpuMax(30000), frozenset({CPU}), 0.0, demand_cores=1.0)}
+    workloads = [usage("be", cores=0.3, waiting=0.7, cpu_max=CpuMax(30000))]
+    settings = guard(cpu_throttle(1.4, 1.0), targetMarginPercent=1, minChangePercent=2)
+    state = GuardState(throttles=held)
+    for used in (1.36, 1.5):
+        result = plan(snapshot(workloads, cpus=2, cores_used=used), state, settings)
+        result = plan(snapshot(workloads, cpus=2, cores_used=used, monotonic=101.0), result.state, settings)
+        assert not [a for a in result.actions if isinstance(a, Restore)], used
