@@ -26,6 +26,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from nodeguard.atomic_file import UnsafeFile, read_regular_file
 from nodeguard.config_base import Model
@@ -213,6 +214,8 @@ class Objective(Model):
         metric = info.data.get("metric")
         if metric is not None and action == "throttle" and not CAPABILITIES[metric].throttleable:
             raise ValueError(f"{metric} cannot be throttled (its resource is incompressible); use evict")
+        if metric is not None and action == "throttle" and CAPABILITIES[metric].raised_by_throttling:
+            raise ValueError(f"a throttle objective on {metric} would feed on itself: {_SELF_INFLICTED}")
         return action
 
     @field_validator("restore_below", mode="before")
@@ -235,6 +238,13 @@ class Objective(Model):
             if restore.value >= threshold.value:
                 raise ValueError(f"must be strictly below threshold ({threshold.raw!r}): that gap is the dead-band")
         return restore
+
+
+_SELF_INFLICTED = (
+    "a CFS-throttled task stays runnable, so nodeguard's own throttles raise node CPU pressure (one busy "
+    "workload throttled to 20 % of a core on an idle node reads 79 % 'some'); throttle on cpu_total_utilization "
+    "or cpu_total_usage"
+)
 
 
 def _unit(info: ValidationInfo) -> Unit:
@@ -280,6 +290,20 @@ class GuardSettings(Model):
     )
     evictions: EvictionBudget = EvictionBudget()
     dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _no_self_inflicted_evictions(self) -> GuardSettings:
+        if not any(o.action == "throttle" for o in self.objectives):
+            return self
+        for index, objective in enumerate(self.objectives):
+            if objective.action == "evict" and CAPABILITIES[objective.metric].raised_by_throttling:
+                raise PydanticCustomError(
+                    "self_inflicted",
+                    "objectives[{index}].metric is {metric}: an evict objective on it beside throttle objectives "
+                    "would evict for the pressure the throttles cause: {why}",
+                    {"index": index, "metric": str(objective.metric), "why": _SELF_INFLICTED},
+                )
+        return self
 
 
 class Settings(Model):

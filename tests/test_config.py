@@ -246,3 +246,19 @@ def test_any_document_gives_config_or_config_error(document: Any) -> None:
     else:
         assert isinstance(parsed, Document)
         parsed.settings_for({"a": "b"})
+
+
+def test_objectives_that_would_feed_on_their_own_throttles_are_refused() -> None:
+    """A throttle on cpu_pressure, or an evict on it beside throttles, is refused with the reason and the path:
+    nodeguard's own CFS throttles raise node CPU pressure (measured by bench/selfpressure.py)."""
+    throttle = {"metric": "cpu_total_utilization", "threshold": "80%", "restoreBelow": "60%", "action": "throttle"}
+    pressure = {"metric": "cpu_pressure", "threshold": 40, "restoreBelow": 20, "action": "throttle"}
+    with pytest.raises(ConfigError) as raised:
+        parse_document({"global": {"guard": {"objectives": [pressure]}}})
+    assert raised.value.problems[0].startswith("global.guard.objectives[0].action: a throttle objective on cpu_pressure")
+    assert "79 % 'some'" in raised.value.problems[0]
+    evict = {"metric": "cpu_pressure", "threshold": 40, "action": "evict"}
+    with pytest.raises(ConfigError) as raised:
+        parse_document({"global": {"guard": {"objectives": [throttle, evict]}}})
+    assert "objectives[1].metric is cpu_pressure" in raised.value.problems[0]
+    assert parse_document({"global": {"guard": {"objectives": [evict]}}}).global_.guard.objectives[0].metric == "cpu_pressure"

@@ -69,6 +69,9 @@ class Capability:
     per_resource_unit: Scale | None = None
     # The figure a percentage threshold is a percentage of, if any.
     percent_of: str | None = None
+    # nodeguard's own throttles raise it (a CFS-throttled task is runnable, so
+    # PSI counts its wait up to the node's figure): acting on it feeds on itself.
+    raised_by_throttling: bool = False
 
     def quantified(self, action: str) -> bool:
         return self.throttle_quantified if action == "throttle" else self.evict_quantified
@@ -213,6 +216,7 @@ CAPABILITIES: dict[Metric, Capability] = {
             read=_cpu_pressure,  # "some" avg10 of /proc/pressure/cpu
             capacity=_hundred,
             override=_set_cpu_pressure,
+            raised_by_throttling=True,
         ),
         Capability(
             Metric.LOAD_AVERAGE,

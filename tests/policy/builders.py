@@ -54,7 +54,7 @@ def node(
     memory_total: int = 16 * GiB,
     memory_used: int = 4 * GiB,
     cpu_pressure: float | None = 0.0,
-    load1: float = 1.0,
+    load1: float | None = 1.0,
 ) -> NodeUsage:
     psi = None if cpu_pressure is None else Psi(PsiLine(cpu_pressure, cpu_pressure, cpu_pressure, 0), None)
     return NodeUsage(
@@ -62,7 +62,7 @@ def node(
         cpu=ProcStatCpu(0, 0),
         cores_used=cores_used,
         cpu_utilization=None if cores_used is None else 100.0 * cores_used / cpus,
-        load=LoadAverage(load1, load1, load1, 1, 100),
+        load=None if load1 is None else LoadAverage(load1, load1, load1, 1, 100),
         memory=MemInfo(memory_total, memory_total - memory_used),
         cpu_pressure=psi,
         memory_pressure=None,

@@ -281,15 +281,12 @@ def test_restore_after_counts_consecutive_calm_ticks() -> None:
 
 
 def test_closed_loop_metric_acts_on_one_workload_then_cools_down() -> None:
-    """cpu_pressure throttles one workload per action, then waits cooldownTicks before measuring again."""
-    settings = guard(
-        {"metric": "cpu_pressure", "threshold": 20, "restoreBelow": 5, "action": "throttle", "triggerAfter": 1},
-        cooldownTicks=2,
-    )
-    hot = snapshot(TEN_LOW, cpu_pressure=60.0)
+    """load_average (not quantified) throttles one workload per action, then waits cooldownTicks before measuring."""
+    settings = guard({"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 1}, cooldownTicks=2)
+    hot = snapshot(TEN_LOW, load1=24.0)  # 3 per core on 8
     plans = run([hot] * 7, settings)
     assert [len(p.actions) for p in plans] == [1, 0, 0, 1, 0, 0, 1]
-    assert (Metric.CPU_PRESSURE, Direction.THROTTLE, "cooldown") in causes(plans[1])
+    assert (Metric.LOAD_AVERAGE, Direction.THROTTLE, "cooldown") in causes(plans[1])
     first = plans[0].actions[0]
     assert isinstance(first, Throttle)
     assert first.workload_id == "w9"
@@ -302,10 +299,10 @@ def test_closed_loop_metric_acts_on_one_workload_then_cools_down() -> None:
     [
         pytest.param(cpu_throttle(6.0, 5.0), snapshot(TEN_LOW, cores_used=None), CPU, id="first snapshot"),
         pytest.param(
-            {"metric": "cpu_pressure", "threshold": 20, "restoreBelow": 5, "action": "throttle", "triggerAfter": 1},
-            snapshot(TEN_LOW, cpu_pressure=None),
-            Metric.CPU_PRESSURE,
-            id="no PSI file",
+            {"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 1},
+            snapshot(TEN_LOW, load1=None),
+            Metric.LOAD_AVERAGE,
+            id="no loadavg",
         ),
         pytest.param(
             cpu_throttle(6.0, 5.0),
@@ -314,9 +311,9 @@ def test_closed_loop_metric_acts_on_one_workload_then_cools_down() -> None:
             id="a candidate without CPU usage yet",
         ),
         pytest.param(
-            {"metric": "cpu_pressure", "threshold": 20, "restoreBelow": 5, "action": "throttle", "triggerAfter": 1},
-            snapshot([*TEN_LOW, usage("new", cores=None)], cpu_pressure=60.0),
-            Metric.CPU_PRESSURE,
+            {"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 1},
+            snapshot([*TEN_LOW, usage("new", cores=None)], load1=24.0),
+            Metric.LOAD_AVERAGE,
             id="closed loop with a candidate without CPU usage",
         ),
         pytest.param(
@@ -395,12 +392,12 @@ def test_no_restore_while_any_throttle_waterline_is_past() -> None:
     """Quotas never rise in a tick in which some throttle metric is past its waterline."""
     settings = guard(
         cpu_throttle(6.0, 5.0),
-        {"metric": "cpu_pressure", "threshold": 20, "restoreBelow": 5, "action": "throttle", "triggerAfter": 5},
+        {"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 5},
     )
     state = GuardState(throttles={"w0": held("w0", 0.1)})
-    [p] = run([snapshot(TEN_LOW, cores_used=1.0, cpu_pressure=30.0)], settings, state)
+    [p] = run([snapshot(TEN_LOW, cores_used=1.0, load1=24.0)], settings, state)
     assert p.actions == ()
-    assert (Metric.CPU_PRESSURE, Direction.RESTORE, "throttling") in causes(p)
+    assert (Metric.LOAD_AVERAGE, Direction.RESTORE, "throttling") in causes(p)
 
 
 def test_departed_throttles_are_reported_and_dropped() -> None:

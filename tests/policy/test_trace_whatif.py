@@ -23,7 +23,7 @@ def test_trace_is_strict_json_with_every_part() -> None:
     settings = guard(
         cpu_throttle(6.0, 5.0),
         {"metric": "memory_total_usage", "threshold": "8Gi", "action": "evict", "triggerAfter": 1},
-        {"metric": "cpu_pressure", "threshold": 20, "restoreBelow": 5, "action": "throttle", "triggerAfter": 3},
+        {"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 3},
     )
     state = GuardState(
         throttles={
@@ -32,12 +32,12 @@ def test_trace_is_strict_json_with_every_part() -> None:
             )
         }
     )
-    p = plan(snapshot(WORKLOADS, cores_used=7.5, memory_used=10 * GiB, cpu_pressure=50.0), state, settings)
+    p = plan(snapshot(WORKLOADS, cores_used=7.5, memory_used=10 * GiB, load1=24.0), state, settings)
     data = json.loads(json.dumps(plan_to_data(p), allow_nan=False))
     assert data["inputs"]["readings"]["cpu_total_usage"] == 7.5
-    assert {w["metric"] for w in data["waterlines"]} == {"cpu_total_usage", "memory_total_usage", "cpu_pressure"}
+    assert {w["metric"] for w in data["waterlines"]} == {"cpu_total_usage", "memory_total_usage", "load_average"}
     assert data["gaps"] == {
-        "throttle_down": {"cpu_total_usage": 1.5, "cpu_pressure": 30.0},
+        "throttle_down": {"cpu_total_usage": 1.5, "load_average": 1.0},
         "throttle_up": {},
         "evict": {"memory_total_usage": 2 * GiB},
     }
@@ -50,7 +50,7 @@ def test_trace_is_strict_json_with_every_part() -> None:
     assert data["actions"][0]["quota"] == {"quota_us": 5000, "period_us": 100000, "cores": 0.05}
     assert data["predicted_release"]["cpu_total_usage"] == pytest.approx(1.5)
     assert {
-        "metric": "cpu_pressure",
+        "metric": "load_average",
         "direction": "throttle",
         "cause": "confirming",
         "detail": "past the waterline 1/3 ticks",

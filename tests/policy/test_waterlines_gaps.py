@@ -60,15 +60,15 @@ def test_gap_directions_are_separate_maps() -> None:
     settings = guard(
         cpu_throttle(6.0, 5.0),
         {"metric": "memory_total_usage", "threshold": "8Gi", "action": "evict"},
-        {"metric": "cpu_pressure", "threshold": 50, "restoreBelow": 20, "action": "throttle"},
+        {"metric": "load_average", "threshold": 3, "restoreBelow": 2, "action": "throttle"},
     )
-    n = node(cores_used=7.0, memory_used=10 * GiB, cpu_pressure=5.0)
+    n = node(cores_used=7.0, memory_used=10 * GiB, load1=8.0)  # 1 per core
     gaps = compute_gaps(
         {m: c.read(n) for m, c in CAPABILITIES.items()}, resolve_waterlines(settings.objectives, n), True
     )
     assert gaps.throttle_down == {CPU: pytest.approx(1.0)}
     assert gaps.evict == {MEM: pytest.approx(2 * GiB)}
-    assert gaps.throttle_up == {Metric.CPU_PRESSURE: pytest.approx(15.0)}
+    assert gaps.throttle_up == {Metric.LOAD_AVERAGE: pytest.approx(1.0)}
 
 
 def test_no_up_gap_when_nothing_is_throttled() -> None:
