@@ -21,11 +21,11 @@ from types import MappingProxyType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nodeguard.config import GuardSettings
 from nodeguard.model.samples import CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi, PsiLine
 from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
 from nodeguard.model.workloads import QosClass, Workload
 from nodeguard.policy.planner import plan
+from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.state import GuardState
 
 WORKLOADS = 1000

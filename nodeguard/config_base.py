@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
@@ -109,3 +110,47 @@ def _has_nul(value: object) -> bool:
     if isinstance(value, Mapping):
         return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
     return False
+
+
+def absolute_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("expected an absolute path")
+    return value
+
+
+def file_path(value: str) -> str:
+    """An absolute path naming a file: not a directory ("/", "/run/"), no "." or ".." at its end."""
+    absolute_path(value)
+    if value.endswith("/") or PurePosixPath(value).name in ("", ".", ".."):
+        raise ValueError("expected the path of a file, not of a directory")
+    return value
+
+
+AbsolutePath = Annotated[str, AfterValidator(absolute_path)]
+FilePath = Annotated[str, AfterValidator(file_path)]
+
+
+def _aliases() -> dict[str, str]:
+    """Field name -> JSON key, for every config model."""
+    aliases: dict[str, str] = {}
+    pending: list[type[BaseModel]] = [Model]
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        for name, field in cls.model_fields.items():
+            aliases[name] = field.alias or name
+    return aliases
+
+
+def format_location(loc: Sequence[int | str]) -> str:
+    """A validation error's location as the document's JSON path, e.g. ``perNode[1].guard.objectives[0]``."""
+    # Pydantic reports a validated default by its Python name, not its JSON key.
+    aliases = _aliases()
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            key = aliases.get(part, part) if "_" in part else part
+            path += f".{key}" if path else key
+    return path or "(document)"

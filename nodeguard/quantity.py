@@ -5,8 +5,17 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
-from nodeguard.policy.metrics import Unit
+
+class Unit(StrEnum):
+    """What a metric is measured in."""
+
+    CORES = "cores"
+    BYTES = "bytes"
+    PERCENT = "percent"
+    LOAD_PER_CORE = "load per core"
+
 
 _BYTE_SUFFIXES = {
     "": 1,

@@ -21,8 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, field_validator
 
-from nodeguard.config import format_location
-from nodeguard.config_base import Model
+from nodeguard.config_base import Model, format_location
 from nodeguard.gate.readiness import Readiness
 from nodeguard.preview import json_preview
 

@@ -20,8 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, TypeAdapter, ValidationError
 
 from nodeguard.atomic_file import UnsafeFile, keep_copy, read_state_file, set_aside, write_atomic
-from nodeguard.config import format_location
-from nodeguard.config_base import Model
+from nodeguard.config_base import Model, format_location
 from nodeguard.gate.protocol import MAX_START_TIMEOUT, LoadName
 from nodeguard.gate.readiness import Readiness, dump_readiness
 from nodeguard.gate.states import Load, LoadSpec, LoadState

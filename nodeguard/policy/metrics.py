@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from nodeguard.model.samples import LoadAverage, MemInfo, Psi, PsiLine
 from nodeguard.model.snapshot import NodeUsage
+from nodeguard.quantity import Unit
 
 
 class Metric(StrEnum):
@@ -28,13 +29,6 @@ class Metric(StrEnum):
     MEMORY_TOTAL_UTILIZATION = "memory_total_utilization"
     CPU_PRESSURE = "cpu_pressure"
     LOAD_AVERAGE = "load_average"
-
-
-class Unit(StrEnum):
-    CORES = "cores"
-    BYTES = "bytes"
-    PERCENT = "percent"
-    LOAD_PER_CORE = "load per core"
 
 
 class Resource(StrEnum):

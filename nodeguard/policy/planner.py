@@ -49,13 +49,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from nodeguard.config import GuardSettings
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot, WorkloadUsage
 from nodeguard.policy.actions import Action, Blocked, Cause, Evict, Restore, Throttle
 from nodeguard.policy.gaps import Gaps, compute_gaps
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import GENERAL_SORTER, Ranked, ordering
+from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, HeldBack, HeldThrottle, Key, PendingEviction
 from nodeguard.policy.waterlines import ActionKind, Waterline, resolve_waterlines
 

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from nodeguard.config import Objective
 from nodeguard.model.snapshot import NodeUsage
 from nodeguard.policy.metrics import CAPABILITIES, Metric
+from nodeguard.policy.settings import Objective
 
 ActionKind = Literal["throttle", "evict"]
 

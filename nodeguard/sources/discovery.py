@@ -20,9 +20,9 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
-from nodeguard.config import WorkloadGroup
 from nodeguard.log import get_logger
 from nodeguard.model.workloads import Container, QosClass, Workload, is_kubepods_top
+from nodeguard.sources.settings import WorkloadGroup
 
 log = get_logger("nodeguard.discovery")
 

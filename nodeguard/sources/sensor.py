@@ -6,8 +6,8 @@ import os
 import time
 from collections.abc import Callable
 from types import MappingProxyType
+from typing import Protocol
 
-from nodeguard.config import Settings
 from nodeguard.errors import CgroupGone
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.rates import fraction
@@ -16,8 +16,19 @@ from nodeguard.model.workloads import Workload
 from nodeguard.sources.discovery import KubepodsLocator, discover, own_cgroup_path, protect_self
 from nodeguard.sources.paths import CgroupLayout, detect_layout
 from nodeguard.sources.readers import CgroupReader, NodeReader, NodeSample, V1Reader, V2Reader
+from nodeguard.sources.settings import SensingSettings, WorkloadSettings
 
 log = get_logger("nodeguard.sensor")
+
+
+class SensorSettings(Protocol):
+    """The config sections the sensor reads (the node's whole Settings has them)."""
+
+    @property
+    def sensing(self) -> SensingSettings: ...
+
+    @property
+    def workloads(self) -> WorkloadSettings: ...
 
 
 # A workload using less CPU than this has no threads worth following for their waits.
@@ -40,7 +51,7 @@ def open_reader(layout: CgroupLayout, workload_id: str, proc_root: str = "/proc"
 class Sensor:
     """Keeps readers of the discovered workloads open and builds a Snapshot per call."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: SensorSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.layout = detect_layout(settings.sensing.cgroup_root, settings.sensing.cgroup_version)
         self.node = NodeReader(settings.sensing.proc_root)
@@ -57,7 +68,7 @@ class Sensor:
         except OSError:
             self._own_path = None
 
-    def reconfigure(self, settings: Settings) -> None:
+    def reconfigure(self, settings: SensorSettings) -> None:
         self.settings = settings
         self._next_discovery = float("-inf")
 

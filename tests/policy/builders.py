@@ -6,10 +6,10 @@ from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
-from nodeguard.config import GuardSettings
 from nodeguard.model.samples import CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi, PsiLine
 from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
 from nodeguard.model.workloads import QosClass, Workload
+from nodeguard.policy.settings import GuardSettings
 
 GiB = 1 << 30
 MiB = 1 << 20

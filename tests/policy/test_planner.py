@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from nodeguard.config import GuardSettings, parse_document
+from nodeguard.config import parse_document
 from nodeguard.errors import ConfigError
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot, WorkloadUsage
@@ -16,6 +16,7 @@ from nodeguard.policy.actions import Evict, Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan, plan
 from nodeguard.policy.ranking import CPU_USAGE_SORTER
+from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.state import Direction, GuardState, HeldThrottle, PendingEviction
 from tests.policy.builders import UNLIMITED, GiB, MiB, cpu_throttle, guard, snapshot, usage
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from nodeguard.config import Settings, WorkloadGroup
+from nodeguard.config import Settings
 from nodeguard.errors import ConfigError
 from nodeguard.model.workloads import QosClass, Workload
 from nodeguard.sources.discovery import (
@@ -27,6 +27,7 @@ from nodeguard.sources.discovery import (
     parse_pod_dir,
 )
 from nodeguard.sources.sensor import Sensor
+from nodeguard.sources.settings import WorkloadGroup
 from tests import realcgroups as rc
 
 CID = "a" * 64

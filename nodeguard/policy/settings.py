@@ -1,0 +1,168 @@
+"""The guard's config section: objectives (waterlines), candidates, and how far and how fast to act."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    Field,
+    PlainSerializer,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from nodeguard.config_base import Model
+from nodeguard.model.workloads import QosClass
+from nodeguard.policy.metrics import CAPABILITIES, Metric
+from nodeguard.policy.ranking import COMPARATORS
+from nodeguard.quantity import Quantity, Unit, parse_quantity
+
+ThresholdValue = Annotated[
+    Quantity,
+    PlainSerializer(Quantity.dump),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*[0-9.]+\s*(%|m|[KMGTP]i?B?|k)?\s*$"},
+            ],
+            "description": 'an amount in the metric\'s unit (cores, bytes like "8Gi", '
+            'percent, load per core) or a percentage of node capacity like "80%"',
+        }
+    ),
+]
+
+
+def _known_comparator(name: str) -> str:
+    if name not in COMPARATORS:
+        raise ValueError(f"unknown comparator; expected one of {', '.join(COMPARATORS)}")
+    return name
+
+
+ComparatorName = Annotated[
+    str, AfterValidator(_known_comparator), WithJsonSchema({"type": "string", "enum": list(COMPARATORS)})
+]
+
+
+class Objective(Model):
+    """One waterline: act on workloads while a node metric is past a threshold."""
+
+    name: str | None = None
+    metric: Metric
+    threshold: ThresholdValue
+    action: Literal["throttle", "evict"]
+    trigger_after: int = Field(2, ge=1, le=1000)
+    restore_below: ThresholdValue | None = Field(None, validate_default=True)
+    restore_after: int = Field(3, ge=1, le=1000)
+    dry_run: bool = False
+    sort_by: list[ComparatorName] | None = Field(
+        None,
+        min_length=1,
+        description="comparators that order the candidates, least important first; default: the metric's own",
+    )
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _threshold(cls, raw: object, info: ValidationInfo) -> Quantity:
+        return parse_quantity(raw, _unit(info))
+
+    @field_validator("action")
+    @classmethod
+    def _action_possible(cls, action: str, info: ValidationInfo) -> str:
+        metric = info.data.get("metric")
+        if metric is not None and action == "throttle" and not CAPABILITIES[metric].throttleable:
+            raise ValueError(f"{metric} cannot be throttled (its resource is incompressible); use evict")
+        if metric is not None and action == "throttle" and CAPABILITIES[metric].raised_by_throttling:
+            raise ValueError(f"a throttle objective on {metric} would feed on itself: {_SELF_INFLICTED}")
+        return action
+
+    @field_validator("restore_below", mode="before")
+    @classmethod
+    def _restore_below(cls, raw: object, info: ValidationInfo) -> Quantity | None:
+        action = info.data.get("action")
+        if action == "evict":
+            if raw is not None:
+                raise ValueError("restoreBelow applies to throttle objectives only")
+            return None
+        if raw is None:
+            if action == "throttle":
+                raise ValueError("a throttle objective needs restoreBelow, strictly below threshold")
+            return None
+        restore = parse_quantity(raw, _unit(info))
+        threshold = info.data.get("threshold")
+        if threshold is not None:
+            if not restore.same_kind(threshold):
+                raise ValueError("must be given in the same unit as threshold (both percentages or neither)")
+            if restore.value >= threshold.value:
+                raise ValueError(f"must be strictly below threshold ({threshold.raw!r}): that gap is the dead-band")
+        return restore
+
+
+_SELF_INFLICTED = (
+    "a CFS-throttled task stays runnable, so nodeguard's own throttles raise node CPU pressure (one busy "
+    "workload throttled to 20 % of a core on an idle node reads 79 % 'some'); throttle on cpu_total_utilization "
+    "or cpu_total_usage"
+)
+
+
+def _unit(info: ValidationInfo) -> Unit:
+    metric = info.data.get("metric")
+    # An invalid metric is reported on its own; parse the threshold as cores then.
+    return CAPABILITIES[metric].unit if metric is not None else Unit.CORES
+
+
+class Candidates(Model):
+    """Which workloads the guard may act on."""
+
+    classes: list[QosClass] = [QosClass.BEST_EFFORT, QosClass.BURSTABLE]
+    below_priority: int | None = Field(None, description="only workloads with a lower priority")
+
+
+class EvictionBudget(Model):
+    max_per_tick: int = Field(1, ge=0, le=1000, description="evictions in one round (one tick)")
+    min_interval_seconds: float = Field(30.0, ge=0, le=86_400, description="between two rounds of evictions")
+    termination_timeout_seconds: float = Field(
+        300.0, gt=0, le=86_400, description="an evicted workload still present after this no longer counts as releasing"
+    )
+
+
+class GuardSettings(Model):
+    objectives: list[Objective] = []
+    candidates: Candidates = Candidates()
+    min_quota_cores: float = Field(0.05, gt=0, le=100_000, description="a throttle never goes below this")
+    restore_step_percent: float = Field(10.0, gt=0, le=100, description="largest quota increase per tick, % of node")
+    target_margin_percent: float = Field(
+        1.0, ge=0, le=50, description="a throttle aims this far under the waterline, % of node CPU"
+    )
+    min_change_percent: float = Field(1.0, ge=0, le=100, description="skip quota changes smaller than this, % of node")
+    cooldown_ticks: int = Field(3, ge=1, le=1000, description="wait after acting on a non-quantified metric")
+    closed_loop_step_percent: float = Field(
+        50.0, gt=0, le=100, description="a non-quantified metric lowers one workload's CPU by this % of its usage"
+    )
+    failed_write_backoff_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="a workload whose quota write the kernel refused is no candidate for this long, "
+        "doubling with each refusal in a row up to 20 times as long",
+    )
+    evictions: EvictionBudget = EvictionBudget()
+    dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _no_self_inflicted_evictions(self) -> GuardSettings:
+        if not any(o.action == "throttle" for o in self.objectives):
+            return self
+        for index, objective in enumerate(self.objectives):
+            if objective.action == "evict" and CAPABILITIES[objective.metric].raised_by_throttling:
+                raise PydanticCustomError(
+                    "self_inflicted",
+                    "objectives[{index}].metric is {metric}: an evict objective on it beside throttle objectives "
+                    "would evict for the pressure the throttles cause: {why}",
+                    {"index": index, "metric": str(objective.metric), "why": _SELF_INFLICTED},
+                )
+        return self
