@@ -14,13 +14,13 @@ import os
 import resource
 import signal
 import time
-from collections.abc import Collection, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nodeguard import __version__
-from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
 from nodeguard.actuators.cpu_quota import QuotaWriter
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Backoff, Executor
@@ -41,10 +41,8 @@ from nodeguard.policy import planner
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
 from nodeguard.policy.trace import plan_to_data
+from nodeguard.sd_notify import Notifier
 from nodeguard.sources.sensor import Sensor
-from nodeguard.surfaces.http import HttpServer
-from nodeguard.surfaces.metrics import Metrics
-from nodeguard.surfaces.systemd import Notifier
 
 log = get_logger("nodeguard.daemon")
 
@@ -89,6 +87,32 @@ MAX_PASSES = 8
 def backoff_of(settings: Settings) -> Backoff:
     seconds = settings.guard.failed_write_backoff_seconds
     return Backoff(seconds, 20 * seconds)
+
+
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+# Surfaces (HTTP, metrics) attach to the daemon from above; it never imports them.
+Serve = Callable[[str], Awaitable[Closable]]
+
+
+@dataclass(frozen=True, slots=True)
+class DaemonView:
+    """What the surfaces read of the running daemon: its last tick and its counters, taken at one moment."""
+
+    last_plan: Plan | None
+    last_snapshot: Snapshot | None
+    state: GuardState
+    actions: Mapping[tuple[str, str, bool], int]  # (kind, metric, dry_run) -> count
+    failed_actions: int
+    writes: WriteCounters
+    reads_skipped: int
+    ticks: int
+    tick_errors: int
+    reloads: Mapping[str, int]
+    gate: dict[str, Any]
+    coordination: dict[str, Any]
 
 
 @dataclass
@@ -145,8 +169,7 @@ class Daemon:
         self.last_plan: Plan | None = None
         self.last_snapshot: Snapshot | None = None
         self.stats = TickStats()
-        self.metrics = Metrics(self)
-        self.gate.on_admission = self.metrics.gate_wait.observe
+        self.on_tick: list[Callable[[float], None]] = []  # observers of each tick's duration, in seconds
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.reloads = {"ok": 0, "failed": 0}
@@ -217,7 +240,8 @@ class Daemon:
         self.stats.last_success = time.monotonic()
         took = self.stats.last_success - started
         self.stats.durations = [*self.stats.durations[-59:], took]
-        self.metrics.tick_duration.observe(took)
+        for observe in self.on_tick:
+            observe(took)
         self._notify_tick(plan)
         return plan
 
@@ -257,6 +281,23 @@ class Daemon:
             self._last_status = status
         if lines:
             self.notifier.notify(*lines)
+
+    def view(self) -> DaemonView:
+        counters = self.executor.counters
+        return DaemonView(
+            last_plan=self.last_plan,
+            last_snapshot=self.last_snapshot,
+            state=self.state,
+            actions=dict(counters.actions),
+            failed_actions=counters.failed,
+            writes=self.writer.counters,
+            reads_skipped=self.sensor.skipped,
+            ticks=self.stats.ticks,
+            tick_errors=self.stats.errors,
+            reloads=dict(self.reloads),
+            gate=self.gate.status(),
+            coordination=self.coordination.status(),
+        )
 
     def ready(self) -> bool:
         return self.stats.last_success is not None
@@ -430,7 +471,8 @@ class Daemon:
 
     # --- run ----------------------------------------------------------------------
 
-    async def run(self) -> int:
+    async def run(self, serve: Serve | None = None) -> int:
+        """Run until SIGTERM or SIGINT; ``serve`` starts the HTTP surface on ``http.listen``."""
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(log_loop_error)  # asyncio's own errors as structured log lines
         soft, hard = raise_open_file_limit()
@@ -438,12 +480,11 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
-        http_server = None
-        if self.settings.http.enabled:
+        http_server: Closable | None = None
+        if self.settings.http.enabled and serve is not None:
             # Before anything is touched: a port in use stops the start cleanly.
-            server = HttpServer(self.metrics.registry, self.health, self.status)
             try:
-                http_server = await server.start(self.settings.http.listen)
+                http_server = await serve(self.settings.http.listen)
             except OSError as exc:
                 log.error("cannot serve HTTP", listen=self.settings.http.listen, error=str(exc))
                 self.close()

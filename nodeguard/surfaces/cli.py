@@ -131,6 +131,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from nodeguard.actuators.node_lock import NodeBusy
     from nodeguard.daemon import Daemon
     from nodeguard.kubernetes.nodes import fetch_node_labels_sync, merge_labels
+    from nodeguard.surfaces.http import HttpServer
+    from nodeguard.surfaces.metrics import Metrics
 
     document = load_document(args.config) if args.config else Document()
     name = args.node_name or node_name()
@@ -161,7 +163,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except NodeBusy as exc:
         get_logger("nodeguard").error("not starting: refusing to act beside another nodeguard", error=str(exc))
         return EXIT_INVALID
-    return asyncio.run(daemon.run())
+    metrics = Metrics(daemon.view)
+    daemon.on_tick.append(metrics.tick_duration.observe)
+    daemon.gate.on_admission = metrics.gate_wait.observe
+    http = HttpServer(metrics.registry, daemon.health, daemon.status)
+    return asyncio.run(daemon.run(serve=http.start))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

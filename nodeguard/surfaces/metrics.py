@@ -1,23 +1,22 @@
 """Prometheus metrics from nodeguard's own registry.
 
-Everything is collected at scrape time from the daemon's last snapshot, plan
-and counters (a custom collector), so a workload that left the node leaves no
-stale series behind. Scrapes run in the daemon's event loop, between ticks.
+Everything is collected at scrape time from the daemon's view (its last
+snapshot, plan and counters: ``Daemon.view``, a custom collector), so a
+workload that left the node leaves no stale series behind. Scrapes run in the
+daemon's event loop, between ticks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from nodeguard import __version__
-
-if TYPE_CHECKING:
-    from nodeguard.daemon import Daemon
+from nodeguard.daemon import DaemonView
 
 TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -26,7 +25,7 @@ WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 class Metrics:
     """The daemon's registry: a collector for its state plus the histograms it observes."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, view: Callable[[], DaemonView]) -> None:
         self.registry = CollectorRegistry()
         self.tick_duration = Histogram(
             "nodeguard_tick_duration_seconds",
@@ -40,7 +39,7 @@ class Metrics:
             buckets=WAIT_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(DaemonCollector(daemon))
+        self.registry.register(DaemonCollector(view))
 
 
 def _counter(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...], float]) -> CounterMetricFamily:
@@ -58,22 +57,22 @@ def _gauge(name: str, doc: str, labels: list[str], values: dict[tuple[str, ...],
 
 
 class DaemonCollector(Collector):
-    def __init__(self, daemon: Daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, view: Callable[[], DaemonView]) -> None:
+        self.view = view
 
     def collect(self) -> Iterator[Metric]:
-        daemon = self.daemon
+        daemon = self.view()
         yield _gauge("nodeguard_build_info", "nodeguard's version.", ["version"], {(__version__,): 1})
         yield from self._guard(daemon)
         yield from self._workloads(daemon)
         yield from self._actuation(daemon)
         yield from self._daemon(daemon)
-        yield from self._gate(daemon.gate.status())
-        coordination = daemon.coordination.status()
+        yield from self._gate(daemon.gate)
+        coordination = daemon.coordination
         if coordination.get("enabled"):
             yield from self._coordination(coordination)
 
-    def _guard(self, daemon: Daemon) -> Iterator[Metric]:
+    def _guard(self, daemon: DaemonView) -> Iterator[Metric]:
         plan = daemon.last_plan
         if plan is None:
             return
@@ -109,7 +108,7 @@ class DaemonCollector(Collector):
         yield _gauge("nodeguard_blocked", "Metrics the last plan did not (fully) act on, and why.",
                      ["metric", "direction", "cause"], blocked)
 
-    def _workloads(self, daemon: Daemon) -> Iterator[Metric]:
+    def _workloads(self, daemon: DaemonView) -> Iterator[Metric]:
         snapshot = daemon.last_snapshot
         if snapshot is None:
             return
@@ -147,15 +146,15 @@ class DaemonCollector(Collector):
              for wid, held in throttles.items()},
         )
 
-    def _actuation(self, daemon: Daemon) -> Iterator[Metric]:
-        actions = daemon.executor.counters.actions
+    def _actuation(self, daemon: DaemonView) -> Iterator[Metric]:
+        actions = daemon.actions
         yield _counter(
             "nodeguard_actions_total",
             "Throttles, restores and evictions carried out (or logged, in dry run).",
             ["action", "metric", "dry_run"],
             {(kind, metric, str(dry).lower()): n for (kind, metric, dry), n in actions.items()},
         )
-        writes = daemon.writer.counters
+        writes = daemon.writes
         yield _counter("nodeguard_cgroup_writes_total", "cgroup file writes made.", [], {(): writes.writes})
         yield _counter("nodeguard_quota_drift_total", "Quotas found changed by someone else and re-asserted.", [],
                        {(): writes.drift})
@@ -164,14 +163,14 @@ class DaemonCollector(Collector):
         yield _counter("nodeguard_write_errors_total", "cgroup writes the kernel refused, by errno.", ["errno"],
                        {(name,): n for name, n in writes.errors.items()})
         yield _counter("nodeguard_action_failures_total", "Actions that failed (write refused, eviction not done).",
-                       [], {(): daemon.executor.counters.failed})
+                       [], {(): daemon.failed_actions})
 
-    def _daemon(self, daemon: Daemon) -> Iterator[Metric]:
-        yield _counter("nodeguard_ticks_total", "Ticks completed.", [], {(): daemon.stats.ticks})
+    def _daemon(self, daemon: DaemonView) -> Iterator[Metric]:
+        yield _counter("nodeguard_ticks_total", "Ticks completed.", [], {(): daemon.ticks})
         yield _counter("nodeguard_tick_errors_total", "Ticks that failed with an unexpected error.", [],
-                       {(): daemon.stats.errors})
+                       {(): daemon.tick_errors})
         yield _counter("nodeguard_workload_reads_skipped_total", "Workload reads that failed and were skipped.", [],
-                       {(): daemon.sensor.skipped})
+                       {(): daemon.reads_skipped})
         yield _counter("nodeguard_config_reloads_total", "SIGHUP reloads by result.", ["result"],
                        {(k,): v for k, v in daemon.reloads.items()})
 
