@@ -20,6 +20,8 @@ This module is imported to build the command line: heavy imports stay inside the
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,6 +37,15 @@ def add_gate_commands(commands: Any) -> None:
         "gate", help="run a command once the start gate admits it", description="Run COMMAND once admitted."
     )
     _load_options(gate)
+    gate.add_argument(
+        "--keep-on-failure",
+        action="store_true",
+        help="keep COMMAND running when its start fails (not ready in time, its cluster slot revoked); "
+        "by default it is stopped, with every process it started",
+    )
+    gate.add_argument(
+        "--stop-grace", type=float, default=10.0, metavar="SECONDS", help="from SIGTERM to SIGKILL when stopping"
+    )
     gate.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     gate.set_defaults(handler=cmd_gate)
 
@@ -176,8 +187,9 @@ class LoadSession:
                 await self._drop()
                 resubmit, reconnected = False, True
 
-    async def follow(self, notified: Any) -> None:
-        """Until the load is ready: report READY=1 (``notified`` is an asyncio.Event), or wait for the probes."""
+    async def follow(self, notified: Any) -> dict[str, Any] | None:
+        """Until the load is ready (or failed): report READY=1 (``notified`` is an asyncio.Event), or wait for the
+        probes; the load as it ended, None when the daemon could not say."""
         from nodeguard.gate.connection import ConnectionLost, GateError, GateUnavailable
 
         if notified is not None:
@@ -194,13 +206,13 @@ class LoadSession:
                 else:
                     load = (await client.request("wait", name=self.name, until="ready"))["load"]
                 _say(f"{self.name} is {load['state']}: {load['reason']}")
-                return
+                return dict(load)
             except ConnectionLost:
                 await self._drop()
                 reattach = True
             except (GateError, GateUnavailable) as exc:
                 _say(f"{self.name}: {exc}")
-                return
+                return None
 
     async def release(self) -> None:
         from nodeguard.gate.connection import ConnectionLost, GateClient, GateError, GateUnavailable
@@ -290,7 +302,15 @@ async def _gate(args: argparse.Namespace, command: list[str]) -> int:
     for signum in forwarded:
         loop.add_signal_handler(signum, child.send_signal, signum)
     follower = loop.create_task(session.follow(notified)) if gated and load["state"] != "ready" else None
-    code = await child.wait()
+    exited = loop.create_task(child.wait())
+    if follower is not None:
+        await asyncio.wait({follower, exited}, return_when=asyncio.FIRST_COMPLETED)
+        ended = follower.result() if follower.done() and not follower.cancelled() else None
+        if ended is not None and ended["state"] == "failed" and not exited.done() and not args.keep_on_failure:
+            # A start that failed (never ready, or its cluster slot taken back) must not go on starting.
+            _say(f"stopping {args.name} and what it started: its start failed ({ended['reason']})")
+            await stop_process_tree(child.pid, exited, args.stop_grace)
+    code = await exited
     for signum in forwarded:
         loop.remove_signal_handler(signum)
     if follower is not None:
@@ -302,6 +322,34 @@ async def _gate(args: argparse.Namespace, command: list[str]) -> int:
     if gated:
         await session.release()
     return code if code >= 0 else 128 - code
+
+
+async def stop_process_tree(pid: int, exited: Awaitable[int], grace: float) -> None:
+    """SIGTERM our child ``pid`` and every descendant it has now (psutil walks the tree), then SIGKILL what is
+    left after ``grace`` seconds. ``exited`` is the child's own wait: its exit status stays asyncio's to reap."""
+    import asyncio
+    import time
+
+    import psutil
+
+    try:
+        top = psutil.Process(pid)
+        descendants = top.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for process in [top, *descendants]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    deadline = time.monotonic() + grace
+    try:
+        await asyncio.wait_for(asyncio.shield(exited), grace)
+    except TimeoutError:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            top.kill()
+    _, alive = await asyncio.to_thread(psutil.wait_procs, descendants, max(0.0, deadline - time.monotonic()))
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 def _notify_socket() -> tuple[Any, str]:

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import psutil
+
 from nodeguard.errors import NodeguardError
 from nodeguard.gate.protocol import MAX_LINE, encode, error
 from nodeguard.gate.settings import GateSettings
@@ -49,11 +51,19 @@ class Peer:
     pid: int
     uid: int
     gid: int
+    command: str = ""  # the peer process's name at connection time, for logs ("" when it is gone already)
 
 
 def peer_of(sock: socket.socket) -> Peer:
     pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return Peer(pid, uid, gid)
+    return Peer(pid, uid, gid, process_name(pid))
+
+
+def process_name(pid: int) -> str:
+    try:
+        return str(psutil.Process(pid).name())
+    except psutil.Error:
+        return ""
 
 
 def authorised(peer: Peer, settings: GateSettings) -> bool:
@@ -76,7 +86,9 @@ class Connection:
         self.transport.write(encode(message))
         # One large response (a status of many loads) is fine; a pile of them is a client not reading.
         if unsent > HIGH_WATER and self.transport.get_write_buffer_size() > MAX_BUFFERED:
-            log.warning("gate client does not read its responses; dropping it", pid=self.peer.pid)
+            log.warning(
+                "gate client does not read its responses; dropping it", pid=self.peer.pid, command=self.peer.command
+            )
             self.close(abort=True)
 
     def unsent(self) -> int:

@@ -274,7 +274,10 @@ class GateService:
         if not authorised(conn.peer, self.settings):
             self.counters["unauthorised"] += 1
             if self._warnings.allow(f"unauthorised-{conn.peer.uid}"):
-                log.warning("gate: refused a peer", uid=conn.peer.uid, gid=conn.peer.gid, pid=conn.peer.pid)
+                log.warning(
+                    "gate: refused a peer", uid=conn.peer.uid, gid=conn.peer.gid, pid=conn.peer.pid,
+                    command=conn.peer.command,
+                )  # fmt: skip
             conn.send(error(None, "unauthorised", f"uid {conn.peer.uid} (gid {conn.peer.gid}) may not use the gate"))
             conn.close()
             return

@@ -128,6 +128,8 @@ def test_the_socket_refuses_a_uid_that_is_not_allowed(tmp_path: Path) -> None:
             status = gate.status()
             assert [load["name"] for load in status["loads"]] == ["from-4242"]
             assert status["counters"]["unauthorised"] == 1
+            [warning] = [e for e in gate.daemon.events() if e.get("event") == "gate: refused a peer"]
+            assert warning["uid"] == 4343 and warning["command"].startswith("python"), "the peer named in the log"
     finally:
         for leftover in public.iterdir():
             leftover.unlink()
@@ -287,3 +289,34 @@ def test_oci_hook_admits_a_container_and_releases_it_at_poststop(tmp_path: Path)
         out, _ = hook.communicate(json.dumps({**state, "status": "stopped"}).encode(), timeout=30)
         assert hook.returncode == 0, out
         assert gate.load("web") is None
+
+
+def test_a_failed_start_stops_the_command_and_everything_it_started(tmp_path: Path) -> None:
+    """`nodeguard gate` whose start fails (never ready within startTimeout) stops its command and the processes
+    the command started (psutil walks the tree); with --keep-on-failure the command goes on."""
+    closed = free_port()
+    pids = tmp_path / "pids"
+    script = f"sleep 600 & echo $! >> {pids}; echo $$ >> {pids}; wait"
+    with running(tmp_path, {"maxStarting": 4}) as gate:
+        stopped = gate.client("gate", "--name", "hung", "--ready-tcp", f"127.0.0.1:{closed}", "--start-timeout", "1.5",
+                              "--stop-grace", "2", "--", "sh", "-c", script)  # fmt: skip
+        code, out = output(stopped)
+        assert "stopping hung and what it started" in out, out
+        assert code == 128 + signal.SIGTERM, out
+        started = [int(line) for line in pids.read_text().split()]
+        assert len(started) == 2
+        for pid in started:
+            wait_until(lambda pid=pid: not _alive(pid), 10, f"pid {pid} stopped")
+        kept = gate.client("gate", "--name", "kept", "--ready-tcp", f"127.0.0.1:{closed}", "--start-timeout", "1.5",
+                           "--keep-on-failure", "--", "sh", "-c", "sleep 3; echo still-here")  # fmt: skip
+        code, out = output(kept)
+        assert code == 0 and "still-here" in out, out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state not in ("Z", "X")
