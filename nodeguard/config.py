@@ -8,9 +8,7 @@ node are ``global`` with every matching rule laid over it in list order
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +28,7 @@ from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.settings import GateSettings
 from nodeguard.kubernetes.settings import KubernetesSettings
+from nodeguard.netaddr import split_host_port
 from nodeguard.policy.settings import GuardSettings
 from nodeguard.preview import json_preview
 from nodeguard.sources.settings import SensingSettings, WorkloadSettings
@@ -44,28 +43,8 @@ class HttpSettings(Model):
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-            raise ValueError('expected HOST:PORT like "127.0.0.1:9466"')
-        if not _valid_host(host.removeprefix("[").removesuffix("]") if host.startswith("[") else host):
-            raise ValueError("expected an IP address or a host name before the port")
+        split_host_port(value, any_port=True)
         return value
-
-
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-
-
-def _valid_host(host: str) -> bool:
-    """An IPv4 or IPv6 address, or a DNS name; "999.1.1.1" is neither (a name cannot be all digits)."""
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        pass
-    labels = host.removesuffix(".").split(".")
-    if len(host) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
-        return False
-    return not labels[-1].isdigit()
 
 
 class Settings(Model):

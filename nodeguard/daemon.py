@@ -23,7 +23,7 @@ from nodeguard import __version__
 from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
 from nodeguard.actuators.cpu_quota import QuotaWriter
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
-from nodeguard.actuators.executor import Backoff, Executor
+from nodeguard.actuators.executor import Executor, HoldTimes
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.node_lock import hold_node
 from nodeguard.config import Document, Settings, load_document
@@ -84,9 +84,9 @@ def effective(settings: Settings, dry_run: bool) -> Settings:
 MAX_PASSES = 8
 
 
-def backoff_of(settings: Settings) -> Backoff:
+def hold_times(settings: Settings) -> HoldTimes:
     seconds = settings.guard.failed_write_backoff_seconds
-    return Backoff(seconds, 20 * seconds)
+    return HoldTimes(seconds, 20 * seconds)
 
 
 class Closable(Protocol):
@@ -160,7 +160,7 @@ class Daemon:
         if not actuation.dry_run:
             self._lock.enter_context(hold_node(self.writer.root, self.settings.sensing.proc_root))
         self.ledger = Ledger.load(actuation.ledger_path)
-        self.executor = Executor(self.quota, self.evictor, self.ledger, self._spawn, backoff_of(self.settings))
+        self.executor = Executor(self.quota, self.evictor, self.ledger, self._spawn, hold_times(self.settings))
         self.coordination = CoordinationService(self.settings.coordination, node or node_name())
         self.gate = GateService(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
@@ -425,7 +425,7 @@ class Daemon:
             )
         self.settings = new
         self.sensor.reconfigure(new)
-        self.executor.backoff = backoff_of(new)
+        self.executor.holds = hold_times(new)
         self.gate.reconfigure(new.gate)
         self.coordination.reconfigure(new.coordination)
         if self.kube is not None:

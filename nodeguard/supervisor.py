@@ -14,19 +14,19 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from nodeguard.backoff import Backoff
 from nodeguard.log import get_logger
 
 log = get_logger("nodeguard.supervisor")
 
 
 @dataclass(frozen=True, slots=True)
-class Backoff:
+class Restarts:
+    """How soon a part is restarted: ``first``, doubling to ``longest``; a run of ``stable_after`` starts afresh."""
+
     first: float = 0.5
     longest: float = 30.0
-    stable_after: float = 60.0  # a run this long resets the pause to ``first``
-
-    def next(self, pause: float, ran: float) -> float:
-        return self.first if ran >= self.stable_after else min(self.longest, pause * 2)
+    stable_after: float = 60.0
 
 
 async def supervise(
@@ -35,14 +35,15 @@ async def supervise(
     report: Callable[[str | None], None],
     *,
     expected: tuple[type[Exception], ...] = (),
-    backoff: Backoff = Backoff(),
+    restarts: Restarts = Restarts(),
 ) -> None:
     """Run ``run()`` until cancelled, restarting it whenever it ends; ``report`` gets each problem, None once cured.
 
     ``run`` itself reports None once it is healthy again (e.g. serving), since
     only it knows when that is.
     """
-    pause = backoff.first
+    backoff = Backoff(restarts.first, restarts.longest)
+    pause = backoff.failed()
     failures = 0
     while True:
         started = time.monotonic()
@@ -63,7 +64,9 @@ async def supervise(
         failures += 1
         report(f"{problem} (restart #{failures} in {pause:g}s)")
         await asyncio.sleep(pause)
-        pause = backoff.next(pause, time.monotonic() - started)
+        if time.monotonic() - started >= restarts.stable_after:
+            backoff.succeeded()
+        pause = backoff.failed()
 
 
 def describe(exc: BaseException) -> str:

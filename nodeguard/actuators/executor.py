@@ -50,11 +50,11 @@ class ActionCounters:
 
 
 @dataclass(frozen=True, slots=True)
-class Backoff:
-    """How long a workload whose write was refused is held back: doubling from ``seconds`` to ``max_seconds``."""
+class HoldTimes:
+    """How long a workload whose write was refused is held back: doubling from ``first`` to ``longest`` seconds."""
 
-    seconds: float = 30.0
-    max_seconds: float = 600.0
+    first: float = 30.0
+    longest: float = 600.0
 
 
 @dataclass
@@ -92,13 +92,13 @@ def _with_throttle(state: GuardState, workload_id: str, held: HeldThrottle | Non
 
 class Executor:
     def __init__(
-        self, quota: QuotaWriter, evictor: Evictor, ledger: Ledger, spawn: Spawn, backoff: Backoff | None = None
+        self, quota: QuotaWriter, evictor: Evictor, ledger: Ledger, spawn: Spawn, holds: HoldTimes | None = None
     ) -> None:
         self.quota = quota
         self.evictor = evictor
         self.ledger = ledger
         self.spawn = spawn
-        self.backoff = backoff or Backoff()
+        self.holds = holds or HoldTimes()
         self.counters = ActionCounters()
         self.evicting: set[str] = set()
         self._failed_evictions: set[str] = set()
@@ -305,8 +305,7 @@ class Executor:
         if isinstance(action, Throttle):
             tick.refused[workload_id] = held_back_after(
                 tick.before.held_back.get(workload_id), workload_id, error=refusal.error, file=refusal.file,
-                detail=refusal.detail, now=tick.now, backoff=self.backoff.seconds,
-                max_backoff=self.backoff.max_seconds,
+                detail=refusal.detail, now=tick.now, first=self.holds.first, longest=self.holds.longest,
             )  # fmt: skip
         tick.hold(workload_id, held)
 

@@ -15,9 +15,11 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import Field, TypeAdapter, field_validator
 
 from nodeguard.config_base import Model
+from nodeguard.netaddr import split_host_port
 
 
 class _Timing(Model):
@@ -80,28 +82,13 @@ class TcpProbe(_Timing):
     @field_validator("address")
     @classmethod
     def _host_port(cls, value: str) -> str:
-        split_address(value)
+        split_host_port(value)
         return value
 
 
 Probe = ExecProbe | HttpProbe | TcpProbe
 Readiness = Annotated[NotifyReadiness | ExecProbe | HttpProbe | TcpProbe, Field(discriminator="type")]
 READINESS: TypeAdapter[Readiness] = TypeAdapter(Readiness)
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host, port); ValueError with a clear message otherwise."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8080")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    port = int(port_text)
-    if not 0 < port < 65536:
-        raise ValueError("the port must be between 1 and 65535")
-    if any(c.isspace() or c in "/\0" for c in host):
-        raise ValueError("the host contains whitespace, '/' or NUL")
-    return host, port
 
 
 def dump_readiness(readiness: Readiness | None) -> dict[str, Any] | None:
@@ -131,14 +118,16 @@ async def probe_once(probe: Probe, uid: int, gid: int) -> tuple[bool, str]:
         if isinstance(probe, HttpProbe):
             return await asyncio.wait_for(_http(probe), probe.timeout_seconds)
         return await _exec(probe, uid, gid)
-    except TimeoutError:
+    except (TimeoutError, httpx.TimeoutException):
         return False, f"timed out after {probe.timeout_seconds:g}s"
     except OSError as exc:
         return False, exc.strerror or str(exc)
+    except httpx.HTTPError as exc:
+        return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 async def _tcp(probe: TcpProbe) -> tuple[bool, str]:
-    host, port = split_address(probe.address)
+    host, port = split_host_port(probe.address)
     _, writer = await asyncio.open_connection(host, port)
     writer.close()
     with contextlib.suppress(OSError):
@@ -147,26 +136,12 @@ async def _tcp(probe: TcpProbe) -> tuple[bool, str]:
 
 
 async def _http(probe: HttpProbe) -> tuple[bool, str]:
-    parts = urlsplit(probe.url)
-    host = parts.hostname or ""
-    port = parts.port or 80
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    host_header = parts.netloc.rpartition("@")[2]
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        request = (
-            f"GET {target} HTTP/1.0\r\nHost: {host_header}\r\nUser-Agent: nodeguard-gate\r\nConnection: close\r\n\r\n"
-        )
-        writer.write(request.encode("latin-1", "replace"))
-        status_line = await reader.readline()
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-    fields = status_line.decode("latin-1").split(maxsplit=2)
-    if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
-        return False, "not an HTTP response"
-    code = int(fields[1])
+    # As kubelet's HTTP probes: no redirects followed (3xx is ready), a certificate is not verified, no proxy.
+    async with httpx.AsyncClient(
+        timeout=probe.timeout_seconds, verify=False, trust_env=False, headers={"User-Agent": "nodeguard-gate"}
+    ) as client:
+        response = await client.get(probe.url)
+    code = response.status_code
     return 200 <= code < 400, f"HTTP {code}"
 
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import ssl
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,39 +56,6 @@ def raise_for(reply: Reply, what: str) -> None:
     reason, message = status_message(reply.body)
     raise KubeError(f"{what}: HTTP {reply.status}" + (f" {reason}: {message}" if message else ""), reply.status, reason)
 
-
-class Backoff:
-    """Exponential back-off on the monotonic clock, with jitter so that a fleet of nodes does not retry in step."""
-
-    def __init__(
-        self,
-        base: float = 1.0,
-        cap: float = 300.0,
-        *,
-        jitter: float = 0.2,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.base = base
-        self.cap = cap
-        self.jitter = jitter
-        self.clock = clock
-        self.failures = 0
-        self.until = float("-inf")
-
-    def failed(self) -> float:
-        """Record a failure; returns the delay until the next attempt."""
-        self.failures += 1
-        delay = min(self.cap, self.base * 2.0 ** min(self.failures - 1, 30))
-        delay *= 1.0 + random.uniform(-self.jitter, self.jitter)
-        self.until = self.clock() + delay
-        return delay
-
-    def succeeded(self) -> None:
-        self.failures = 0
-        self.until = float("-inf")
-
-    def remaining(self) -> float:
-        return max(0.0, self.until - self.clock())
 
 
 def _file_key(path: str) -> tuple[int, int, int]:

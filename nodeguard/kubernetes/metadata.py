@@ -44,7 +44,8 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from nodeguard.kubernetes.client import Backoff, KubeError
+from nodeguard.backoff import Backoff, doubling
+from nodeguard.kubernetes.client import KubeError
 from nodeguard.kubernetes.quantities import parse_quantity
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.snapshot import Snapshot, WorkloadUsage
@@ -253,7 +254,7 @@ class PodCache:
         """Hold a pod back after a refused eviction; doubles on each refusal in a row. Returns the seconds."""
         key = uid.lower()
         _, refusals = self.holds.get(key, (0.0, 0))
-        seconds = min(max(base_seconds, self.HOLD_CAP), base_seconds * 2.0 ** min(refusals, 20))
+        seconds = doubling(base_seconds, max(base_seconds, self.HOLD_CAP), refusals + 1)
         self.holds[key] = (now + seconds, refusals + 1)
         return seconds
 
@@ -352,7 +353,7 @@ class MetadataRefresher:
         self.fetch = fetch
         self.cache = cache
         self.refresh_seconds = refresh_seconds
-        self.backoff = backoff or Backoff(1.0, max(refresh_seconds, 300.0), clock=clock)
+        self.backoff = backoff or Backoff(1.0, max(refresh_seconds, 300.0), jitter=0.2, clock=clock)
         self.clock = clock
         self.source = source
         self.failures = 0  # all time, for metrics

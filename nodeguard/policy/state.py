@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from nodeguard.backoff import doubling
 from nodeguard.model.samples import CpuMax
 from nodeguard.policy.metrics import Metric
 
@@ -80,12 +81,12 @@ def held_back_after(
     file: str,
     detail: str,
     now: float,
-    backoff: float,
-    max_backoff: float,
+    first: float,
+    longest: float,
 ) -> HeldBack:
-    """The hold after one more refusal: ``backoff`` seconds, doubled per refusal in a row, at most ``max_backoff``."""
+    """The hold after one more refusal: ``first`` seconds, doubled per refusal in a row, at most ``longest``."""
     failures = 1 if previous is None else previous.failures + 1
-    wait = min(max_backoff, backoff * 2 ** min(failures - 1, 32))
+    wait = doubling(first, longest, failures)
     since = now if previous is None else previous.since
     return HeldBack(workload_id, error, file, detail, since, now + wait, failures)
 

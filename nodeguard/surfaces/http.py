@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from nodeguard.log import get_logger
+from nodeguard.netaddr import split_host_port
 
 log = get_logger("nodeguard.http")
 
@@ -40,13 +41,6 @@ class Response:
 
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
            503: "Service Unavailable"}
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT, got {listen!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class HttpServer:
@@ -126,5 +120,5 @@ class HttpServer:
         writer.close()
 
     async def start(self, listen: str) -> asyncio.Server:
-        host, port = parse_listen(listen)
+        host, port = split_host_port(listen, any_port=True)
         return await asyncio.start_server(self.handle, host, port, limit=MAX_REQUEST_BYTES)

@@ -3,27 +3,28 @@
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
+import httpx
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
 from nodeguard.errors import NodeguardError
+from nodeguard.netaddr import split_host_port
 
 
 def fetch_status(listen: str, timeout: float = 5.0) -> dict[str, Any]:
-    host, _, port = listen.rpartition(":")
-    if host in ("0.0.0.0", "::", "[::]", ""):
+    host, port = split_host_port(listen, any_port=True)
+    if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
-    url = f"http://{host}:{port}/status"
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/status"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            data: dict[str, Any] = json.loads(response.read())
-            return data
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        response = httpx.get(url, timeout=timeout, trust_env=False)
+        response.raise_for_status()
+        data: dict[str, Any] = json.loads(response.content)
+        return data
+    except (httpx.HTTPError, ValueError) as exc:
         raise NodeguardError(f"cannot read {url}: {exc}; is nodeguard running with http enabled?") from None
 
 

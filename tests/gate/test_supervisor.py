@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from nodeguard.gate.service import GateService
 from nodeguard.gate.settings import GateSettings
-from nodeguard.supervisor import Backoff, supervise
+from nodeguard.supervisor import Restarts, supervise
 from tests.gate.helpers import Session, wait_until
 from tests.gate.served import ping, served
 
@@ -59,7 +59,7 @@ async def test_supervise_backs_off_reports_and_stops_when_cancelled() -> None:
         raise ValueError(f"failure {len(attempts)}")
 
     task = asyncio.create_task(
-        supervise("part", failing, reports.append, backoff=Backoff(first=0.01, longest=0.04, stable_after=60))
+        supervise("part", failing, reports.append, restarts=Restarts(first=0.01, longest=0.04, stable_after=60))
     )
     while len(attempts) < 5:
         await asyncio.sleep(0.01)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeguard.kubernetes.client import Backoff, KubeClient, KubeError
+from nodeguard.backoff import Backoff
+from nodeguard.kubernetes.client import KubeClient, KubeError
 from nodeguard.kubernetes.nodes import fetch_node_labels
 from tests.kubernetes.conftest import TOKEN, Canned, FakeKube, Pki
 from tests.kubernetes.objects import NODE

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeguard.kubernetes.client import Backoff
+from nodeguard.backoff import Backoff
 from nodeguard.kubernetes.integration import Kubernetes
 from nodeguard.kubernetes.settings import KubernetesSettings
 from tests.kubernetes.conftest import Canned, FakeKube, Pki, settings_for

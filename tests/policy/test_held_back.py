@@ -56,9 +56,9 @@ def test_a_departed_workload_leaves_its_hold_behind() -> None:
 
 def test_backoff_doubles_per_refusal_in_a_row_up_to_its_cap() -> None:
     """30 s, 60 s, 120 s … never more than the cap; the first refusal's time is kept."""
-    first = held_back_after(None, "w", error="EINVAL", file="f", detail="d", now=10.0, backoff=30, max_backoff=100)
+    first = held_back_after(None, "w", error="EINVAL", file="f", detail="d", now=10.0, first=30, longest=100)
     assert (first.until, first.failures, first.since) == (40.0, 1, 10.0)
-    second = held_back_after(first, "w", error="EINVAL", file="f", detail="d", now=50.0, backoff=30, max_backoff=100)
+    second = held_back_after(first, "w", error="EINVAL", file="f", detail="d", now=50.0, first=30, longest=100)
     assert (second.until, second.failures, second.since) == (110.0, 2, 10.0)
-    third = held_back_after(second, "w", error="EBUSY", file="f", detail="d", now=120.0, backoff=30, max_backoff=100)
+    third = held_back_after(second, "w", error="EBUSY", file="f", detail="d", now=120.0, first=30, longest=100)
     assert (third.until, third.error) == (220.0, "EBUSY")
