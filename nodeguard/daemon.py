@@ -36,7 +36,7 @@ from nodeguard.kubernetes.nodes import merge_labels
 from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
-from nodeguard.node import node_name
+from nodeguard.node_identity import node_name
 from nodeguard.policy import planner
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState

@@ -22,10 +22,6 @@ class Notifier:
         self.watchdog_seconds = int(usec) / 1e6 if usec.isdigit() and int(usec) > 0 else None
         self._socket: socket.socket | None = None
 
-    @property
-    def enabled(self) -> bool:
-        return self.address is not None
-
     def notify(self, *lines: str) -> bool:
         """Send ``READY=1``, ``WATCHDOG=1``, ``STATUS=...`` ...; False when not under systemd or on error."""
         if self.address is None:
@@ -37,8 +33,3 @@ class Notifier:
         except OSError:
             return False  # systemd gone or socket full: never worth failing a tick for
         return True
-
-    def close(self) -> None:
-        if self._socket is not None:
-            self._socket.close()
-            self._socket = None

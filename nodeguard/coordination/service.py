@@ -38,7 +38,7 @@ from nodeguard.coordination.topics import (
     encode_status,
 )
 from nodeguard.log import RateLimiter, get_logger
-from nodeguard.node import node_name as default_node_name
+from nodeguard.node_identity import node_name as default_node_name
 
 log = get_logger("nodeguard.coordination")
 

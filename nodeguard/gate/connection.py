@@ -9,6 +9,8 @@ import json
 import os
 from typing import Any
 
+from nodeguard.errors import NodeguardError
+
 DEFAULT_SOCKET = "/run/nodeguard/gate.sock"
 
 
@@ -16,15 +18,15 @@ def default_socket() -> str:
     return os.environ.get("NODEGUARD_GATE_SOCKET") or DEFAULT_SOCKET
 
 
-class ConnectionLost(Exception):
+class ConnectionLost(NodeguardError):
     """The daemon closed the connection (it stopped, or dropped us)."""
 
 
-class GateUnavailable(Exception):
+class GateUnavailable(NodeguardError):
     """Nobody serves the gate socket."""
 
 
-class GateError(Exception):
+class GateError(NodeguardError):
     """The gate answered with an error."""
 
     def __init__(self, code: str, message: str, details: list[str] | None = None) -> None:

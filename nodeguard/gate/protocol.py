@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, field_validator
 
 from nodeguard.config_base import Model, format_location
+from nodeguard.errors import NodeguardError
 from nodeguard.gate.readiness import Readiness
 from nodeguard.preview import json_preview
 
@@ -96,7 +97,7 @@ class Attach(_Request):
     name: LoadName
 
 
-class Status(_Request):
+class StatusRequest(_Request):
     op: Literal["status"]
     name: LoadName | None = None
 
@@ -105,12 +106,12 @@ class Ping(_Request):
     op: Literal["ping"]
 
 
-Request = Submit | Wait | Ready | Release | Cancel | Attach | Status | Ping
+Request = Submit | Wait | Ready | Release | Cancel | Attach | StatusRequest | Ping
 _REQUEST: TypeAdapter[Request] = TypeAdapter(Annotated[Request, Field(discriminator="op")])
 OPS = ("submit", "wait", "ready", "release", "cancel", "attach", "status", "ping")
 
 
-class ProtocolError(Exception):
+class ProtocolError(NodeguardError):
     """A request that cannot be understood; answered with ``invalid`` and counted."""
 
     def __init__(self, message: str, request_id: RequestId = None, details: list[str] | None = None) -> None:

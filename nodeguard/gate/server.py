@@ -60,9 +60,10 @@ def peer_of(sock: socket.socket) -> Peer:
 
 
 def process_name(pid: int) -> str:
+    """The peer's process name, for logs; "" when it cannot be told (gone, or no descriptor left to look)."""
     try:
         return str(psutil.Process(pid).name())
-    except psutil.Error:
+    except (psutil.Error, OSError):
         return ""
 
 

@@ -41,7 +41,7 @@ from nodeguard.gate.protocol import (
     Release,
     Request,
     RequestId,
-    Status,
+    StatusRequest,
     Submit,
     Wait,
     error,
@@ -373,7 +373,7 @@ class GateService:
                 self._reply(conn, rid, self.table.cancel(request.name, now))
             else:
                 self._reply(conn, rid, self.table.attach(request.name, conn))
-        elif isinstance(request, Status):
+        elif isinstance(request, StatusRequest):
             if request.name is None:
                 conn.send(ok(rid, gate=self.status()))
             else:

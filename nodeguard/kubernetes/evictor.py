@@ -40,7 +40,7 @@ from nodeguard.sources.discovery import parse_pod_dir
 log = get_logger("nodeguard.kubernetes.evictor")
 
 
-class Outcome(Enum):
+class EvictionOutcome(Enum):
     ACCEPTED = "accepted"
     GONE = "gone"
     BUDGET = "refused by a disruption budget"
@@ -114,12 +114,12 @@ class ApiEvictor:
             return await self._by_cgroup(workload_id, uid, pod, context)
         outcome = await self._by_api(pod, context)
         self.outcomes[outcome.value] = self.outcomes.get(outcome.value, 0) + 1
-        if outcome in (Outcome.ACCEPTED, Outcome.GONE):
+        if outcome in (EvictionOutcome.ACCEPTED, EvictionOutcome.GONE):
             self.cache.release(uid)
-            if outcome is Outcome.ACCEPTED and self.recorder is not None and not self.dry_run:
+            if outcome is EvictionOutcome.ACCEPTED and self.recorder is not None and not self.dry_run:
                 await self.recorder.eviction(pod, "evicted through the Eviction API", dict(context))
             return True
-        if outcome in (Outcome.UNREACHABLE, Outcome.STATIC) and mode == "api-then-cgroup":
+        if outcome in (EvictionOutcome.UNREACHABLE, EvictionOutcome.STATIC) and mode == "api-then-cgroup":
             log.warning("Eviction API not usable; evicting by the cgroup", pod=pod.key)
             return await self._by_cgroup(workload_id, uid, pod, context)
         return self._refused(uid, outcome.value)
@@ -139,32 +139,32 @@ class ApiEvictor:
             await self.recorder.eviction(pod, "killed through its cgroup", context)
         return True
 
-    async def _by_api(self, pod: PodMeta, context: dict[str, object]) -> Outcome:
+    async def _by_api(self, pod: PodMeta, context: dict[str, object]) -> EvictionOutcome:
         if MIRROR_ANNOTATION in pod.annotations:
             # Deleting a mirror pod leaves the static pod running; the kubelet recreates the mirror.
             log.warning("not evicting a static pod through the API", pod=pod.key)
-            return Outcome.STATIC
+            return EvictionOutcome.STATIC
         grace = self.grace_seconds(pod)
         path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/eviction"
         if self.dry_run:
             log.warning("dry run: would evict through the API", pod=pod.key, grace_seconds=grace, **context)
-            return Outcome.ACCEPTED
+            return EvictionOutcome.ACCEPTED
         log.warning("evicting through the API", pod=pod.key, grace_seconds=grace, **context)
         try:
             reply = await self.client.request("POST", path, body=eviction_body(pod, grace))
         except KubeError as exc:
             log.error("Eviction API not reached", pod=pod.key, error=str(exc))
-            return Outcome.UNREACHABLE
+            return EvictionOutcome.UNREACHABLE
         status = reply.status
         reason, message = status_message(reply.body)
         if 200 <= status < 300:
-            return Outcome.ACCEPTED
+            return EvictionOutcome.ACCEPTED
         if status == 404:
-            return Outcome.GONE
+            return EvictionOutcome.GONE
         if status == 429 or (status == 500 and _about_budget(reply.body)):
             log.info("eviction refused by a disruption budget", pod=pod.key, status=status, message=message)
-            return Outcome.BUDGET
+            return EvictionOutcome.BUDGET
         log.error("eviction failed", pod=pod.key, status=status, reason=reason, message=message)
         if status in (401, 403) or status >= 500:
-            return Outcome.UNREACHABLE
-        return Outcome.REJECTED
+            return EvictionOutcome.UNREACHABLE
+        return EvictionOutcome.REJECTED

@@ -46,7 +46,7 @@ from typing import Any
 
 from nodeguard.backoff import Backoff, doubling
 from nodeguard.kubernetes.client import KubeError
-from nodeguard.kubernetes.quantities import parse_quantity
+from nodeguard.kubernetes.quantities import parse_kube_quantity
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.snapshot import Snapshot, WorkloadUsage
 from nodeguard.model.workloads import QosClass, Workload
@@ -129,7 +129,7 @@ def _sum(containers: list[Mapping[str, Any]], kind: str, resource: str, *, all_n
             if all_needed:
                 return None
             continue
-        total += parse_quantity(raw)
+        total += parse_kube_quantity(raw)
         seen = True
     return total if seen else None
 
@@ -137,7 +137,7 @@ def _sum(containers: list[Mapping[str, Any]], kind: str, resource: str, *, all_n
 def _resource(spec: Mapping[str, Any], kind: str, resource: str, *, all_needed: bool) -> float | None:
     pod_level = _mapping(_mapping(spec.get("resources")).get(kind)).get(resource)
     if pod_level is not None:
-        value: float | None = parse_quantity(pod_level)
+        value: float | None = parse_kube_quantity(pod_level)
     else:
         containers = [c for c in spec.get("containers") or () if isinstance(c, Mapping)]
         # Restartable init containers (sidecars) run beside the app containers.
@@ -147,7 +147,7 @@ def _resource(spec: Mapping[str, Any], kind: str, resource: str, *, all_needed: 
         value = _sum(containers, kind, resource, all_needed=all_needed)
     overhead = _mapping(spec.get("overhead")).get(resource)
     if value is not None and overhead is not None:
-        value += parse_quantity(overhead)
+        value += parse_kube_quantity(overhead)
     return value
 
 

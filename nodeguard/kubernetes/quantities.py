@@ -35,7 +35,7 @@ _QUANTITY = re.compile(
 )
 
 
-def parse_quantity(raw: object) -> float:
+def parse_kube_quantity(raw: object) -> float:
     """A quantity's value in base units (cores for CPU, bytes for memory); ValueError if malformed."""
     if isinstance(raw, bool):
         raise ValueError(f"not a quantity: {raw!r}")

@@ -61,8 +61,6 @@ class Capability:
     # Metric units per unit of the workload resource (cores or bytes), for
     # quantified metrics: how much one workload's usage moves the node figure.
     per_resource_unit: Scale | None = None
-    # The figure a percentage threshold is a percentage of, if any.
-    percent_of: str | None = None
     # nodeguard's own throttles raise it (a CFS-throttled task is runnable, so
     # PSI counts its wait up to the node's figure): acting on it feeds on itself.
     raised_by_throttling: bool = False
@@ -149,7 +147,6 @@ CAPABILITIES: dict[Metric, Capability] = {
             capacity=lambda node: float(node.cpus),
             override=lambda node, value: dataclasses.replace(node, cores_used=value),
             per_resource_unit=lambda node: 1.0,
-            percent_of="node cores",
         ),
         Capability(
             Metric.CPU_TOTAL_UTILIZATION,
@@ -180,7 +177,6 @@ CAPABILITIES: dict[Metric, Capability] = {
             capacity=_memory_capacity,
             override=_set_memory_used,
             per_resource_unit=lambda node: 1.0,
-            percent_of="node memory",
         ),
         Capability(
             Metric.MEMORY_TOTAL_UTILIZATION,
@@ -225,7 +221,6 @@ CAPABILITIES: dict[Metric, Capability] = {
             read=_load_per_core,  # load1 / cores
             capacity=lambda node: 1.0,
             override=_set_load_per_core,
-            percent_of="one runnable task per core",
         ),
     )
 }

@@ -118,4 +118,3 @@ def ordering(names: Iterable[str]) -> Ordering:
 # crane's GeneralSorter and CpuUsageSorter; the memory one is kubelet's eviction order.
 GENERAL_SORTER = ordered_by(class_and_priority, running_time)
 CPU_USAGE_SORTER = ordered_by(class_and_priority, cpu_usage, ext_cpu_usage, running_time)
-MEMORY_USAGE_SORTER = ordered_by(class_and_priority, memory_usage, running_time)

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from nodeguard.errors import NodeguardError
+
 
 @dataclass(frozen=True, slots=True)
 class CgroupLayout:
@@ -33,8 +35,8 @@ class CgroupLayout:
         return self.cpu
 
 
-class LayoutError(Exception):
-    pass
+class LayoutError(NodeguardError):
+    """No usable cgroup hierarchy under the configured root."""
 
 
 def _first_dir(root: str, names: tuple[str, ...]) -> str | None:

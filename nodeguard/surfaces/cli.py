@@ -13,7 +13,7 @@ from nodeguard import __version__
 from nodeguard.config import Document, Settings, json_schema, load_document
 from nodeguard.errors import ConfigError, ConfigUnreadable, NodeguardError
 from nodeguard.log import configure, get_logger, json_mode
-from nodeguard.node import node_labels, node_name
+from nodeguard.node_identity import node_labels, node_name
 from nodeguard.sources.paths import LayoutError
 from nodeguard.sources.sensor import Sensor
 from nodeguard.surfaces.render import render_snapshot, snapshot_data

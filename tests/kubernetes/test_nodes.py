@@ -15,7 +15,7 @@ from nodeguard.kubernetes.nodes import (
     parse_node_labels,
 )
 from nodeguard.kubernetes.settings import KubernetesSettings
-from nodeguard.node import node_labels
+from nodeguard.node_identity import node_labels
 from tests.kubernetes.conftest import Canned, FakeKube, Pki
 from tests.kubernetes.objects import NODE, node
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeguard.kubernetes.quantities import parse_quantity
+from nodeguard.kubernetes.quantities import parse_kube_quantity
 
 
 @pytest.mark.parametrize(
@@ -31,11 +31,11 @@ from nodeguard.kubernetes.quantities import parse_quantity
 )
 def test_parses_every_suffix_form(raw: object, value: float) -> None:
     """Decimal, binary and exponent suffixes give the value in base units."""
-    assert parse_quantity(raw) == pytest.approx(value)
+    assert parse_kube_quantity(raw) == pytest.approx(value)
 
 
 @pytest.mark.parametrize("raw", ["", "m", "abc", "1.5.2", "1mi", "1 Gi x", "1KiB", None, True, [], "1e"])
 def test_rejects_malformed(raw: object) -> None:
     """Anything outside the grammar is a ValueError, never a guess."""
     with pytest.raises(ValueError, match="not a quantity"):
-        parse_quantity(raw)
+        parse_kube_quantity(raw)

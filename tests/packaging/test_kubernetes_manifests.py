@@ -237,8 +237,8 @@ def test_nodeguard_pod_is_never_its_own_candidate() -> None:
 def test_memory_limit_covers_every_gate_client_that_does_not_read() -> None:
     """The container's memory limit holds the daemon (~50 MiB, 64 allowed) plus the most gate.maxConnections clients can hold."""
     from nodeguard.gate.server import CLIENT_MEMORY
-    from nodeguard.kubernetes.quantities import parse_quantity
+    from nodeguard.kubernetes.quantities import parse_kube_quantity
 
-    limit = parse_quantity(daemonset_container()["resources"]["limits"]["memory"])
+    limit = parse_kube_quantity(daemonset_container()["resources"]["limits"]["memory"])
     clients = node_settings().gate.max_connections * CLIENT_MEMORY
     assert 64 * 2**20 + clients <= limit, (limit, clients)
