@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from nodeguard.model.samples import CpuMax
+from nodeguard.scratch_cgroups import remove_cgroup_dir
 from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max
-from nodeguard.surfaces.demo import remove_cgroup_dir
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BUSY_LOOP = "while True: pass"

@@ -11,16 +11,10 @@ machine's existing cgroups instead.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group
@@ -32,7 +26,7 @@ from nodeguard.config import Settings
 from nodeguard.daemon import Daemon
 from nodeguard.log import configure
 from nodeguard.model.snapshot import Snapshot
-from nodeguard.sources.cgroupfs import parse_pids
+from nodeguard.scratch_cgroups import ScratchCgroups, created, plan_cgroups
 
 BURNERS = 4
 IMPORTANT_WANTS = 0.5
@@ -51,90 +45,7 @@ while True:
 _BURNER = "while True: pass"
 
 
-@dataclass
-class DemoCgroups:
-    """The demo's own groups: one directory per hierarchy for each workload."""
-
-    root: Path  # the cgroup mount nodeguard reads (v2 mount, or /sys/fs/cgroup on v1)
-    version: str
-    parent: str
-    dirs: dict[str, list[Path]] = field(default_factory=dict)
-
-    @property
-    def created(self) -> list[Path]:
-        return [d for ds in self.dirs.values() for d in ds]
-
-
-def _writable_v2(root: Path) -> bool:
-    try:
-        return "cpu" in (root / "cgroup.controllers").read_text().split() and os.access(root, os.W_OK)
-    except OSError:
-        return False
-
-
-def plan_cgroups(cgroup_root: Path = Path("/sys/fs/cgroup")) -> DemoCgroups | str:
-    """Where the demo can create cgroups that really throttle, or why it cannot."""
-    parent = f"nodeguard-demo-{os.getpid()}"
-    names = ["important", *[f"batch-{i}" for i in range(BURNERS)]]
-    if os.geteuid() != 0:
-        return "creating cgroups needs root"
-    if _writable_v2(cgroup_root):
-        return DemoCgroups(cgroup_root, "v2", parent, {n: [cgroup_root / parent / n] for n in names})
-    cpu, cpuacct = cgroup_root / "cpu", cgroup_root / "cpuacct"
-    if (cpu / "cpu.cfs_quota_us").exists() and (cpuacct / "cpuacct.usage").exists():
-        hierarchies = [cpu] if cpu.resolve() == cpuacct.resolve() else [cpu, cpuacct]
-        return DemoCgroups(cgroup_root, "v1", parent, {n: [h / parent / n for h in hierarchies] for n in names})
-    return "no cgroup hierarchy here can limit CPU (no cgroup v2 cpu controller, no v1 cpu hierarchy)"
-
-
-def remove_cgroup_dir(path: Path) -> bool:
-    """Kill what runs in the cgroup and remove its childless directory, retrying while it empties.
-
-    False: it is still there.
-    """
-    for _ in range(200):
-        try:
-            for pid in parse_pids((path / "cgroup.procs").read_text()):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            path.rmdir()
-            return True
-        except FileNotFoundError:
-            return True
-        except OSError:
-            time.sleep(0.01)
-    return False
-
-
-@contextlib.contextmanager
-def created(groups: DemoCgroups) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Create the groups and start the workloads in them; kill and remove everything after."""
-    procs: list[subprocess.Popen[bytes]] = []
-    parents = sorted({d.parent for d in groups.created})
-    try:
-        for parent in parents:
-            parent.mkdir()
-            if groups.version == "v2":
-                (parent / "cgroup.subtree_control").write_text("+cpu")
-        for directory in groups.created:
-            directory.mkdir()
-        for name, dirs in groups.dirs.items():
-            proc = subprocess.Popen([sys.executable, "-c", _IMPORTANT if name == "important" else _BURNER])
-            procs.append(proc)
-            for directory in dirs:
-                (directory / "cgroup.procs").write_text(str(proc.pid))
-        yield procs
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-        for directory in groups.created:
-            remove_cgroup_dir(directory)
-        for parent in parents:
-            remove_cgroup_dir(parent)
-
-
-def demo_settings(groups: DemoCgroups | None, run_dir: str) -> Settings:
+def demo_settings(groups: ScratchCgroups | None, run_dir: str) -> Settings:
     workloads: dict[str, Any]
     if groups is None:
         workloads = {"groups": [{"match": "system.slice/*", "class": "BestEffort"}]}
@@ -200,7 +111,7 @@ def view(snapshot: Snapshot, daemon: Daemon, record: Record, remaining: float, d
     return Group(head, table)
 
 
-def summary(record: Record, groups: DemoCgroups | None) -> str:
+def summary(record: Record, groups: ScratchCgroups | None) -> str:
     before = [c for t, c in record.important if record.first_action is None or t < record.first_action]
     settled = record.under_after_action
     during = [c for t, c in record.important if settled is not None and t >= settled]
@@ -223,13 +134,15 @@ def summary(record: Record, groups: DemoCgroups | None) -> str:
 def run_demo(seconds: float = 30.0, console: Console | None = None) -> int:
     console = console or Console()
     configure("warning")  # the live view tells the story; warnings and errors still show
-    planned = plan_cgroups()
-    groups = planned if isinstance(planned, DemoCgroups) else None
+    names = ["important", *[f"batch-{i}" for i in range(BURNERS)]]
+    planned = plan_cgroups(names, "nodeguard-demo")
+    groups = planned if isinstance(planned, ScratchCgroups) else None
     if groups is None:
         console.print(f"[yellow]cannot create cgroups here ({planned}): dry run on this machine's cgroups[/]")
     with tempfile.TemporaryDirectory(prefix="nodeguard-demo-") as run_dir, contextlib.ExitStack() as stack:
         if groups is not None:
-            stack.enter_context(created(groups))
+            programs = {name: _IMPORTANT if name == "important" else _BURNER for name in names}
+            stack.enter_context(created(groups, programs))
         daemon = Daemon(demo_settings(groups, run_dir))
         record = Record(started=time.monotonic())
         record.waterline = WATERLINE_PCT / 100 * daemon.sensor.node.cpus
@@ -253,7 +166,7 @@ def run_demo(seconds: float = 30.0, console: Console | None = None) -> int:
     return 0
 
 
-def _record(record: Record, daemon: Daemon, snapshot: Snapshot, groups: DemoCgroups | None) -> None:
+def _record(record: Record, daemon: Daemon, snapshot: Snapshot, groups: ScratchCgroups | None) -> None:
     t = time.monotonic() - record.started
     cores = snapshot.node.cores_used or 0.0
     record.node.append((t, cores))
