@@ -74,20 +74,15 @@ class CgroupWriter:
             return True
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, value.encode("ascii"))
+            finally:
+                os.close(fd)
         except OSError as exc:
             self._count_error(exc, path)
             if exc.errno in _GONE:
                 raise CgroupGone(path) from None
             raise
-        try:
-            os.write(fd, value.encode("ascii"))
-        except OSError as exc:
-            self._count_error(exc, path)
-            if exc.errno in _GONE:
-                raise CgroupGone(path) from None
-            raise
-        finally:
-            os.close(fd)
         self._refused = None
         self.counters.writes += 1
         log.debug("wrote", path=path, value=value, **context)
