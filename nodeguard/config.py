@@ -23,7 +23,7 @@ from pydantic import (
 
 from nodeguard.actuators.settings import ActuationSettings
 from nodeguard.atomic_file import UnsafeFile, read_regular_file
-from nodeguard.config_base import Model, format_location
+from nodeguard.config_base import Model, format_errors
 from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.settings import GateSettings
@@ -143,32 +143,6 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
 
 def _render_input(value: object) -> str:
     return json_preview(value, 80)  # bounded: the value may nest a thousand levels deep
-
-
-def _message(error: Mapping[str, Any]) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "required key missing"
-    message = str(error["msg"])
-    for prefix in ("Value error, ", "Assertion failed, "):
-        message = message.removeprefix(prefix)
-    return message
-
-
-def format_errors(exc: ValidationError) -> list[str]:
-    """One line per problem: ``path: what was expected, got value``."""
-    lines = []
-    for error in exc.errors(include_url=False):
-        # Pydantic appends the failing branch of a union or a validator's name to
-        # the location; they are not keys of the document.
-        loc = [p for p in error["loc"] if isinstance(p, int) or not p.startswith(("function-", "union["))]
-        line = f"{format_location(loc)}: {_message(error)}"
-        if error["type"] != "missing" and error["input"] is not None:
-            line += f", got {_render_input(error['input'])}"
-        lines.append(line)
-    return lines
 
 
 # --- loading ---------------------------------------------------------------------

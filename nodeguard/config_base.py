@@ -17,6 +17,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, fie
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from nodeguard.preview import json_preview
+
 
 class Model(BaseModel):
     model_config = ConfigDict(
@@ -154,3 +156,29 @@ def format_location(loc: Sequence[int | str]) -> str:
             key = aliases.get(part, part) if "_" in part else part
             path += f".{key}" if path else key
     return path or "(document)"
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required key missing"
+    message = str(error["msg"])
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    return message
+
+
+def format_errors(exc: ValidationError) -> list[str]:
+    """One line per problem: ``path: what was expected, got value``."""
+    lines = []
+    for error in exc.errors(include_url=False):
+        # Pydantic appends the failing branch of a union or a validator's name to
+        # the location; they are not keys of the document.
+        loc = [p for p in error["loc"] if isinstance(p, int) or not p.startswith(("function-", "union["))]
+        line = f"{format_location(loc)}: {_message(error)}"
+        if error["type"] != "missing" and error["input"] is not None:
+            line += f", got {json_preview(error['input'], 80)}"  # bounded: it may nest a thousand levels deep
+        lines.append(line)
+    return lines

@@ -55,7 +55,7 @@ def load_settings(path: str) -> CoordinationSettings:
     try:
         return CoordinationSettings.model_validate(data)
     except ValidationError as exc:
-        from nodeguard.config import format_errors
+        from nodeguard.config_base import format_errors
 
         raise CoordinationError(
             f"{path}: " + "; ".join(f"coordination.{line}" for line in format_errors(exc))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from nodeguard.config import format_errors
+from nodeguard.config_base import format_errors
 from nodeguard.coordination.semaphore import Cluster, Gone, Grant, Ledger, Lost, SemStatus, Status
 from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.coordination.store import StateStore
