@@ -130,11 +130,12 @@ class Podman:
         return self.result("image", "exists", tag).returncode == 0
 
     def drop_other_tags(self, repository: str, keep: str) -> None:
-        """Untag older builds of an image (their layers stay as build cache until pruned)."""
+        """Untag older builds of an image; untagged images a day old go (younger ones are the build cache)."""
         listed = self("images", "--format", "{{.Repository}}:{{.Tag}}", "--filter", f"reference={repository}")
         for tag in listed.split():
             if tag != keep and tag.startswith(repository + ":"):
                 self.result("rmi", tag)
+        self.result("image", "prune", "--force", "--filter", "until=24h")
 
     def remove(self, *names: str) -> None:
         if names:
@@ -204,6 +205,7 @@ def busybox_rootfs() -> Path:
     CACHE.mkdir(exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=CACHE, prefix=".busybox-"))
     try:
+        building.chmod(0o755)
         for sub in ("bin", "etc", "tmp", "proc", "sys", "dev", "records", "gate"):
             (building / sub).mkdir()
         (building / "tmp").chmod(0o1777)
