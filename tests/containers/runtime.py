@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -381,3 +382,22 @@ def kill_hooks(socket: Path) -> None:
         if b"oci-hook" in args and str(socket).encode() in args:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(entry.name), signal.SIGKILL)
+
+
+def wait_for_the_node(root: Path, timeout: float = 180) -> None:
+    """Wait until no nodeguard holds the node's lock on ``root`` (the writable hierarchy).
+
+    On a shared machine another test run or a demo may act on the node for a
+    while; a daemon started meanwhile refuses to run beside it.
+    """
+    from nodeguard.actuators.node_lock import NodeBusy, hold_node
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with hold_node(str(root)):
+                return
+        except NodeBusy as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the node stayed busy for {timeout:.0f} s: {exc}") from None
+            time.sleep(0.5)

@@ -171,6 +171,7 @@ def test_the_daemon_throttles_a_podman_burner_and_restores_both_limits_exactly(
                     "gate": {"enabled": False},
                 }
             }  # fmt: skip
+            runtime.wait_for_the_node(hierarchy.writable)
             daemon = DaemonProcess(config, tmp_path).start()
             try:
                 daemon.wait_for(lambda: hierarchy.limit(pod) != POD_LIMIT, 30, "the burner's pod throttled")
