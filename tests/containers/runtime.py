@@ -139,8 +139,17 @@ class Podman:
         self.result("image", "prune", "--force", "--filter", "until=24h")
 
     def remove(self, *names: str) -> None:
-        if names:
-            self.result("rm", "--force", "--time", "0", "--ignore", *names, timeout=60)
+        """Remove containers (killed at once), trying again while podman reports a failure."""
+        if not names:
+            return
+        for attempt in range(3):
+            result = self.result("rm", "--force", "--time", "0", "--ignore", *names, timeout=60)
+            if result.returncode == 0:
+                return
+            if attempt < 2:
+                print(f"podman rm failed, trying again: {result.stderr.strip()}", file=sys.stderr)
+                time.sleep(1)
+        raise CommandFailed(self.command("rm", *names), result)
 
 
 @contextlib.contextmanager
