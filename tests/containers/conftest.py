@@ -26,7 +26,11 @@ def podman() -> Iterator[Podman]:
         pytest.skip(reason)
     runtime.require("podman")
     runtime.require("runc")
-    yield Podman()
+    runtime.fresh_run_state()
+    podman = Podman()
+    if orphans := runtime.sweep(podman):
+        print(f"\nremoved containers of test sessions that are gone: {' '.join(orphans)}")
+    yield podman
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -150,6 +151,30 @@ class Podman:
                 print(f"podman rm failed, trying again: {result.stderr.strip()}", file=sys.stderr)
                 time.sleep(1)
         raise CommandFailed(self.command("rm", *names), result)
+
+
+def sweep(podman: Podman) -> list[str]:
+    """Remove containers left by test sessions that are gone (killed mid-test, a burner may still burn).
+
+    Every test container is named ``ngtest-<pid of its session>-...`` (tests/realcgroups.unique_name).
+    """
+    listed = podman("ps", "--all", "--format", "{{.Names}}")
+    orphans = [
+        name
+        for name in listed.split()
+        if (match := re.match(r"ngtest-(\d+)-", name)) and not Path(f"/proc/{match.group(1)}").exists()
+    ]
+    podman.remove(*orphans)
+    return orphans
+
+
+def fresh_run_state() -> None:
+    """A fresh storage must not meet the run state of an earlier one at the same path (a re-cloned repository)."""
+    if (CACHE / "storage").exists() or not RUN_STATE.exists():
+        return
+    mounts = Path("/proc/self/mounts").read_text()
+    if f" {RUN_STATE}/" not in mounts:
+        shutil.rmtree(RUN_STATE, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -74,7 +74,7 @@ def kubepods_parent(podman: Podman) -> Iterator[tuple[str, list[str]]]:
 
 
 def pod_run(podman: Podman, names: list[str], image: str, pod: str, command: list[str], *options: str) -> str:
-    name = f"{Path(pod).name[:12]}-{uuid.uuid4().hex[:8]}"
+    name = f"{rc.unique_name()}-{Path(pod).name[:12]}"
     names.append(name)
     return podman.run(name, image, command, ["--cgroup-parent", f"/{pod}", *options])
 

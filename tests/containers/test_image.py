@@ -108,7 +108,7 @@ def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serve
         pod_run(podman, names, busybox_image, pod, BURN)
         assert hierarchy.limit(pod) == UNLIMITED
         options, args = daemonset_options(node, config_dir, run_dir)
-        daemon = rc.unique_name("nodeguard")
+        daemon = f"{rc.unique_name()}-nodeguard"
         names.append(daemon)
         runtime.wait_for_the_node(hierarchy.writable)
         podman.run(daemon, nodeguard_image, args, options)
