@@ -3,24 +3,39 @@
 # (and for the gate's init container: `nodeguard admit`).
 #
 #   docker build -t ghcr.io/example/nodeguard:0.1.0 .
+#   podman build -t ghcr.io/example/nodeguard:0.1.0 .
 #
 # Two stages: the builder makes wheels of nodeguard and every dependency; the
 # final image installs only those wheels, with no compiler, no build tools and
-# no pip cache. Needs BuildKit (the default builder since Docker 23) for the
-# bind mount below.
+# no pip cache. The bind mount below needs BuildKit (the default builder since
+# Docker 23) or podman/buildah.
+#
+# BASE_IMAGE: a Python 3.11+ image whose `pip` installs into the system
+# interpreter (the public python images do). Where no registry is reachable,
+# build one locally and pass it: tests/containers/runtime.py makes one with
+# debootstrap (Debian's python3-pip, EXTERNALLY-MANAGED removed) and builds
+# this file on it with `podman build --build-arg BASE_IMAGE=...`.
+ARG BASE_IMAGE=python:3.11-slim
 
-FROM python:3.11-slim AS builder
+FROM ${BASE_IMAGE} AS builder
 WORKDIR /src
-# Only what the wheel is built from (.dockerignore keeps everything else out of
-# the build context, including the test VM images and the virtualenv).
-COPY pyproject.toml README.md ./
-COPY nodeguard ./nodeguard
 # Every dependency ships manylinux wheels for amd64 and arm64, so no compiler is
 # installed here either; a platform without them would need build-essential in
 # this stage only.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# The dependencies first, from pyproject.toml alone: this layer is reused until
+# they change, whatever changes in the code.
+COPY pyproject.toml ./
+RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+        > requirements.txt \
+    && pip wheel --no-cache-dir --wheel-dir /wheels -r requirements.txt
+# Then nodeguard itself: only what its wheel is built from (.dockerignore keeps
+# everything else out of the build context, including the test VM images, the
+# test containers' storage and the virtualenv).
+COPY README.md ./
+COPY nodeguard ./nodeguard
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="nodeguard" \
       org.opencontainers.image.description="On-node daemon that keeps nodes healthy for their important workloads" \
       org.opencontainers.image.licenses="Apache-2.0"

@@ -32,14 +32,17 @@ _CGROUPFS_POD = re.compile(r"pod([0-9a-fA-F-]{32,36})")
 _SYSTEMD_POD = re.compile(r"(?:.+-)?kubepods(?:-(burstable|besteffort))?-pod([0-9a-fA-F_]{32,36})\.slice")
 _HEX_ID = r"[0-9a-fA-F]{12,128}"
 # A container's cgroup: "<runtime>-<id>.scope" (systemd driver), "crio-<id>"
-# (CRI-O, cgroupfs driver; or its sandbox, either driver), or a bare id
-# (containerd and docker, cgroupfs driver).
+# (CRI-O, cgroupfs driver; or its sandbox, either driver), "libpod-<id>"
+# (podman, cgroupfs manager), or a bare id (containerd and docker, cgroupfs driver).
 _CONTAINER = re.compile(
-    rf"(?:(?P<runtime>cri-containerd|crio|docker)-(?P<id>{_HEX_ID})(?P<scope>\.scope)?|(?P<bare>{_HEX_ID}))"
+    rf"(?:(?P<runtime>cri-containerd|crio|docker|libpod)-(?P<id>{_HEX_ID})(?P<scope>\.scope)?|(?P<bare>{_HEX_ID}))"
 )
-# CRI-O's monitor of one container, beside it in the pod cgroup: not a container.
-_CONMON = re.compile(rf"crio-conmon-({_HEX_ID})(?:\.scope)?")
-_RUNTIME_NAMES = {"cri-containerd": "containerd", "crio": "crio", "docker": "docker"}
+# The monitor of one container, beside it: not a container. CRI-O's
+# crio-conmon-<id>[.scope]; podman's libpod-conmon-<id>.scope (systemd manager;
+# its cgroupfs manager puts every monitor in one "conmon" child, no container
+# by its name either).
+_CONMON = re.compile(rf"(?:crio|libpod)-conmon-({_HEX_ID})(?:\.scope)?")
+_RUNTIME_NAMES = {"cri-containerd": "containerd", "crio": "crio", "docker": "docker", "libpod": "podman"}
 
 # The search for the kubepods top level: how deep below the root it looks
 # (kind seen from its host: system.slice/docker-<id>.scope/kubelet.slice/kubelet-kubepods.slice),

@@ -1,4 +1,7 @@
-"""The Dockerfile, checked statically (no container engine here): stages, final image contents, entrypoint, context."""
+"""The Dockerfile, checked statically: stages, final image contents, entrypoint, context.
+
+(tests/containers/test_image.py builds it with podman and runs the image.)
+"""
 
 from __future__ import annotations
 
@@ -48,16 +51,31 @@ def instructions(text: str) -> list[tuple[str, str]]:
     return parsed
 
 
+def global_args() -> dict[str, str]:
+    """The ARGs declared before the first FROM, with their defaults (what a plain build uses)."""
+    found: dict[str, str] = {}
+    for keyword, args in instructions(DOCKERFILE.read_text(encoding="utf-8")):
+        if keyword == "FROM":
+            break
+        if keyword == "ARG":
+            name, _, default = args.partition("=")
+            found[name.strip()] = default.strip()
+    return found
+
+
 def stages() -> list[Stage]:
     found: list[Stage] = []
+    defaults = global_args()
     for keyword, args in instructions(DOCKERFILE.read_text(encoding="utf-8")):
         if keyword == "FROM":
             words = [w for w in args.split() if not w.startswith("--")]
             name = words[2] if len(words) == 3 and words[1].lower() == "as" else None
-            found.append(Stage(words[0], name))
-        else:
-            assert found, f"{keyword} before the first FROM"
+            base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults[m.group(1) or m.group(2)], words[0])
+            found.append(Stage(base, name))
+        elif found:
             found[-1].instructions.append((keyword, args))
+        else:
+            assert keyword == "ARG", f"{keyword} before the first FROM"
     return found
 
 
@@ -125,6 +143,14 @@ def test_build_is_multi_stage_with_named_builder() -> None:
         for m in re.findall(r"from=([\w.-]+)", args)
     }
     assert referenced and referenced <= names
+
+
+def test_base_image_is_a_build_arg_with_the_public_default() -> None:
+    """Both stages start FROM ${BASE_IMAGE}, an ARG whose default is the public slim Python image."""
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    froms = [args.split()[0] for keyword, args in instructions(text) if keyword == "FROM"]
+    assert froms == ["${BASE_IMAGE}", "${BASE_IMAGE}"], froms
+    assert global_args().get("BASE_IMAGE") == "python:3.11-slim"
 
 
 def test_final_stage_is_slim_python() -> None:
@@ -210,6 +236,7 @@ def test_pyproject_files_needed_by_the_build_are_copied() -> None:
         ".git/HEAD",
         ".venv/bin/python",
         ".vm/disk.img",
+        ".containers/storage/overlay/l/ABC",
         "tests/conftest.py",
         "nodeguard/__pycache__/config.cpython-311.pyc",
     ],

@@ -188,6 +188,30 @@ def test_docker_names() -> None:
     assert (container.id, container.runtime, container.sandbox, container.path) == (CID, "", False, f"pod/{CID}")
 
 
+def test_podman_names(tmp_path: Path) -> None:
+    """podman: libpod-<id> (cgroupfs manager) and libpod-<id>.scope (systemd) are containers; its monitors are not
+    (libpod-conmon-<id>.scope under systemd, one ``conmon`` child under cgroupfs); no sandbox by name."""
+    assert parse_container_dir(f"libpod-{CID}") == ContainerName(CID, "podman", False)
+    assert parse_container_dir(f"libpod-{CID}.scope") == ContainerName(CID, "podman", True)
+    assert parse_container_dir(f"libpod-conmon-{CID}.scope") is None
+    assert parse_container_dir("conmon") is None
+    cgroupfs = f"kubepods/besteffort/pod{UID_BE}"
+    systemd = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{_us(UID_B)}.slice"
+    _mkdirs(
+        tmp_path,
+        f"{cgroupfs}/libpod-{CID}",
+        f"{cgroupfs}/libpod-{CID2}",
+        f"{cgroupfs}/conmon",
+        f"{systemd}/libpod-{CID}.scope/container",
+        f"{systemd}/libpod-conmon-{CID}.scope",
+    )
+    pods = _pods(tmp_path)
+    assert {uid: [(c.id, c.runtime, c.sandbox) for c in pod.containers] for uid, pod in pods.items()} == {
+        UID_BE: [(CID, "podman", False), (CID2, "podman", False)],
+        UID_B: [(CID, "podman", False)],
+    }
+
+
 def test_crio_systemd_driver(tmp_path: Path) -> None:
     """CRI-O, systemd driver: crio-<id>.scope is a container, its crio-conmon-<id>.scope is not, crio-<id> is the sandbox."""
     pod = f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{_us(UID_B)}.slice"

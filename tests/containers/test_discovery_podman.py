@@ -1,0 +1,194 @@
+"""Discovery of real container cgroups: pods and containers that podman (runc, cgroupfs manager) made.
+
+Pods are cgroups shaped as kubelet's cgroupfs driver shapes them
+(``<parent>/kubepods[/<tier>]/pod<uid>``), given to ``podman run
+--cgroup-parent``; podman puts each container in ``libpod-<id>`` there and its
+monitors in one ``conmon`` child. Without ``--cgroup-parent`` podman uses its
+own ``libpod_parent/libpod-<id>``. (This host has no systemd as PID 1, so
+podman's systemd manager, and with it a ``.slice`` parent, is not available:
+podman refuses a slice under cgroupfs, which the first test shows.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.model.samples import CpuMax
+from tests import realcgroups as rc
+from tests.containers import runtime
+from tests.containers.runtime import Podman
+from tests.daemon_proc import DaemonProcess
+from tests.gate.helpers import free_port
+
+BURN = ["sh", "-c", "while :; do :; done"]
+SLEEP = ["sleep", "3600"]
+POD_LIMIT = CpuMax(150000)  # 1.5 cores, written on the pod as kubelet would, and by podman --cpus on the container
+
+
+def host_hierarchy() -> rc.Hierarchy:
+    """Where this host's CPU limits live: the v1 cpu hierarchy (hybrid hosts), else the cgroup2 mount."""
+    if rc.why_no_v1_cpu() is None:
+        return rc.v1_cpu_hierarchy()
+    return rc.v2_cpu_hierarchy()
+
+
+def usage_seconds(hierarchy: rc.Hierarchy, rel: str) -> float:
+    """CPU time a cgroup has used: v1 cpuacct.usage, v2 cpu.stat usage_usec."""
+    if hierarchy.version == "v1":
+        return int((hierarchy.roots[-1] / rel / "cpuacct.usage").read_text()) / 1e9
+    for line in (hierarchy.writable / rel / "cpu.stat").read_text().splitlines():
+        key, _, value = line.partition(" ")
+        if key == "usage_usec":
+            return int(value) / 1e6
+    raise AssertionError(f"no usage_usec in {rel}/cpu.stat")
+
+
+def cores_used(hierarchy: rc.Hierarchy, rel: str, seconds: float) -> float:
+    before, start = usage_seconds(hierarchy, rel), time.monotonic()
+    time.sleep(seconds)  # a measurement window, not a synchronisation
+    return (usage_seconds(hierarchy, rel) - before) / (time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def kubepods_parent(podman: Podman) -> Iterator[tuple[str, list[str]]]:
+    """A fresh top-level cgroup name for this test's kubepods, and the containers started in it; all removed after."""
+    parent = rc.unique_name()
+    with runtime.containers(podman) as names:
+        try:
+            yield parent, names
+        finally:
+            podman.remove(*names)
+            names.clear()
+            runtime.remove_everywhere(parent)
+
+
+def pod_run(podman: Podman, names: list[str], image: str, pod: str, command: list[str], *options: str) -> str:
+    name = f"{rc.unique_name()}-{Path(pod).name[:12]}"
+    names.append(name)
+    return podman.run(name, image, command, ["--cgroup-parent", f"/{pod}", *options])
+
+
+def snapshot(config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """``nodeguard snapshot --json`` with this config: what the daemon's sensor discovers."""
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(config))
+    out = subprocess.run(
+        [sys.executable, "-m", "nodeguard", "snapshot", "--json", "--config", str(path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    return dict(json.loads(out.splitlines()[-1]))
+
+
+def test_pods_and_their_podman_containers_are_found(tmp_path: Path, podman: Podman, busybox_image: str) -> None:
+    """Pods of every QoS tier with podman containers in them are found with their container ids; conmon is none."""
+    with kubepods_parent(podman) as (parent, names):
+        uids = {tier: str(uuid.uuid4()) for tier in ("besteffort", "burstable", "guaranteed")}
+        pods = {
+            tier: f"{parent}/kubepods/{tier}/pod{uid}" if tier != "guaranteed" else f"{parent}/kubepods/pod{uid}"
+            for tier, uid in uids.items()
+        }
+        ids = {
+            "besteffort": {pod_run(podman, names, busybox_image, pods["besteffort"], SLEEP) for _ in range(2)},
+            "burstable": {pod_run(podman, names, busybox_image, pods["burstable"], SLEEP)},
+            "guaranteed": {pod_run(podman, names, busybox_image, pods["guaranteed"], SLEEP)},
+        }
+        hierarchy = host_hierarchy()
+        assert (hierarchy.writable / pods["besteffort"] / "conmon").is_dir(), "podman's monitors' cgroup"
+        slice_pod = f"/{parent}/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uids['besteffort'].replace('-', '_')}.slice"
+        refused = podman.result("run", "--rm", *runtime.ulimit_args(), "--cgroup-parent", slice_pod, busybox_image, "true")
+        assert refused.returncode != 0 and "systemd slice received as cgroup parent when using cgroupfs" in refused.stderr
+
+        config = {"global": {"sensing": {"kubepodsPaths": [f"{parent}/kubepods"]}, "http": {"enabled": False}}}
+        found = {w["workload"]["id"]: w["workload"] for w in snapshot(config, tmp_path)["workloads"]}
+        classes = {"besteffort": "BestEffort", "burstable": "Burstable", "guaranteed": "Guaranteed"}
+        assert set(found) == set(pods.values()), sorted(found)
+        for tier, pod in pods.items():
+            workload = found[pod]
+            assert (workload["kind"], workload["pod_uid"], workload["qos_class"]) == ("pod", uids[tier], classes[tier])
+            containers = workload["containers"]
+            assert {c["id"] for c in containers} == ids[tier], containers
+            assert {(c["runtime"], c["sandbox"]) for c in containers} == {("podman", False)}
+            assert {c["path"] for c in containers} == {f"{pod}/libpod-{cid}" for cid in ids[tier]}
+
+
+def test_podmans_own_layout_is_found_by_a_group_pattern(tmp_path: Path, podman: Podman, busybox_image: str) -> None:
+    """A plain ``podman run`` container (libpod_parent/libpod-<id>) is a workload through workloads.groups; conmon is not."""
+    with runtime.containers(podman) as names:
+        names.append(rc.unique_name())
+        cid = podman.run(names[0], busybox_image, SLEEP)
+        config = {
+            "global": {
+                "sensing": {"kubepods": False},
+                "workloads": {"groups": [{"match": "libpod_parent/libpod-*", "class": "BestEffort"}]},
+                "http": {"enabled": False},
+            }
+        }
+        found = {w["workload"]["id"]: w["workload"] for w in snapshot(config, tmp_path)["workloads"]}
+        assert f"libpod_parent/libpod-{cid}" in found, sorted(found)
+        assert found[f"libpod_parent/libpod-{cid}"]["qos_class"] == "BestEffort"
+        assert "libpod_parent/conmon" not in found
+
+
+def metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def test_the_daemon_throttles_a_podman_burner_and_restores_both_limits_exactly(
+    tmp_path: Path, podman: Podman, busybox_image: str
+) -> None:
+    """A burner container (pod limit as kubelet writes it, container limit written by podman --cpus) is throttled,
+    its measured CPU falls to the new quota, and SIGTERM puts both limits back exactly."""
+    hierarchy = host_hierarchy()
+    with kubepods_parent(podman) as (parent, names):
+        pod = f"{parent}/kubepods/besteffort/pod{uuid.uuid4()}"
+        with hierarchy.groups(pod):
+            hierarchy.set_limit(pod, POD_LIMIT)
+            cid = pod_run(podman, names, busybox_image, pod, BURN, "--cpus", "1.5")
+            container = f"{pod}/libpod-{cid}"
+            assert hierarchy.limit(container) == POD_LIMIT, "podman --cpus wrote the container's limit"
+            before = cores_used(hierarchy, pod, 1.0)
+            port = free_port()
+            config = {
+                "global": {
+                    "sensing": {"tickSeconds": 0.5, "kubepodsPaths": [f"{parent}/kubepods"]},
+                    "guard": {"objectives": [
+                        {"metric": "cpu_total_usage", "threshold": 0.3, "restoreBelow": 0.01, "action": "throttle"},
+                    ]},
+                    "actuation": {"ledgerPath": str(tmp_path / "run" / "ledger.json")},
+                    "http": {"listen": f"127.0.0.1:{port}"},
+                    "gate": {"enabled": False},
+                }
+            }  # fmt: skip
+            runtime.wait_for_the_node(hierarchy.writable)
+            daemon = DaemonProcess(config, tmp_path).start()
+            try:
+                daemon.wait_for(lambda: hierarchy.limit(pod) != POD_LIMIT, 30, "the burner's pod throttled")
+                throttled = hierarchy.limit(pod)
+                assert throttled.cores is not None and throttled.cores < 1.5, throttled
+                # v1 refuses a parent below its child: the container's limit comes down with the pod's.
+                if hierarchy.version == "v1":
+                    assert hierarchy.limit(container) == throttled
+                during = cores_used(hierarchy, pod, 2.0)
+                allowed = max(throttled.cores, hierarchy.limit(pod).cores or 1.5)
+                assert during <= allowed + 0.05, f"used {during:.2f} cores under a quota of {allowed:.2f}"
+                assert f'workload="{pod}"' in metrics(port)
+                daemon.signal(signal.SIGTERM)
+                assert daemon.wait(timeout=15) == 0
+            finally:
+                daemon.kill()
+            assert hierarchy.limit(pod) == POD_LIMIT and hierarchy.limit(container) == POD_LIMIT
+            assert not Ledger.load(str(tmp_path / "run" / "ledger.json")).entries
+            print(f"\nburner: {before:.2f} cores before, {during:.2f} under a quota of {throttled.cores:.2f}")
+
