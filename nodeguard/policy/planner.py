@@ -30,10 +30,11 @@ One tick, in order:
    cores, or the demand it had when first throttled, whichever is lowest.
 4. Refill: between the restore waterline and the waterline nothing is
    restored (the dead-band), but where the node has been more than
-   guard.minChangePercent under its aim (the waterline less the margin) for
-   restoreAfter ticks, throttled workloads that are starved (their threads
-   never slept: they would use it) get that room back, a step at a time and
-   most important first, so a throttle that overshot does not waste the node.
+   2 × guard.minChangePercent under its aim (the waterline less the margin)
+   for restoreAfter ticks, throttled workloads that are starved (their
+   threads never slept: they would use it) get the room back up to
+   minChangePercent under the aim, a step at a time and most important
+   first, so a throttle that overshot does not waste the node.
 
 A workload whose last write the kernel refused is held back (no candidate)
 for its back-off; the daemon plans the tick again without it, so the next
@@ -574,8 +575,9 @@ class _Tick:
         return True
 
     def _room(self, line: Waterline, value: float) -> float:
-        """Cores between the node's reading and what a throttle aims at (the waterline less the margin)."""
-        return (line.threshold - value) / self._per_unit(line.metric) - self.margin
+        """Cores between the node's reading and where a refill stops: minChange under what a throttle aims at
+        (the waterline less the margin), so that noise around the aim does not cross the waterline."""
+        return (line.threshold - value) / self._per_unit(line.metric) - self.margin - self.min_change
 
     def refill(self, lines: list[Waterline]) -> None:
         """In the dead-band: give starved throttled workloads the room left under the aim, a step at a time."""
