@@ -33,8 +33,9 @@ One tick, in order:
    2 × guard.minChangePercent under its aim (the waterline less the margin)
    for restoreAfter ticks, throttled workloads that are starved (their
    threads never slept: they would use it) get the room back up to
-   minChangePercent under the aim, a step at a time and most important
-   first, so a throttle that overshot does not waste the node.
+   minChangePercent under the aim, half of what is left a tick (within
+   restoreStepPercent) and most important first, so a throttle that
+   overshot does not waste the node.
 
 A workload whose last write the kernel refused is held back (no candidate)
 for its back-off; the daemon plans the tick again without it, so the next
@@ -593,7 +594,11 @@ class _Tick:
             room = min(room, self._room(line, value))
         if room < self.min_change:
             return
-        budget = min(room, self.guard.restore_step_percent / 100.0 * self.node.cpus)
+        # Half the room a tick: it closes in on the aim from below, and a reading that noise pushed down
+        # does not send the node over the waterline the next tick.
+        budget = min(room / 2.0, self.guard.restore_step_percent / 100.0 * self.node.cpus)
+        if budget < self.min_change:
+            return
         starved = {wid for wid, u in self.workloads.items() if (u.starved_cores or 0.0) >= CLOSED_CORES}
         self._raise(budget, [], only=starved, refill=True)
 

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import time
 import urllib.request
@@ -40,7 +41,10 @@ POD_LIMIT = CpuMax(150000)  # 1.5 cores, at the pod and at its container
 GUARANTEED_LIMIT = CpuMax(50000)
 IMPORTANT_SHARE = 0.3
 UNLIMITED = CpuMax(None)
-SETTLE_TICKS = 8  # ticks after convergence that must all stay under the waterline
+SETTLE_TICKS = 8  # ticks after convergence that must stay under the waterline
+# How far one reading may stray over the waterline in those ticks: the noise of a shared machine (and of the
+# emulator) on one tick's node CPU; an oscillation swings further, and shows in the mean too.
+NOISE_CORES = 0.1
 
 
 @dataclass
@@ -180,7 +184,9 @@ def test_converges_in_three_ticks_stays_under_and_restores_every_file(node: Kube
     ticks, after = result
     log = "\n".join(daemon.ticks())
     assert ticks <= 3, f"{ticks} ticks after the first throttle; ticks:\n{log}"
-    assert max(after[:SETTLE_TICKS]) < threshold, f"went back over the waterline {threshold}; ticks:\n{log}"
+    window = after[:SETTLE_TICKS]
+    assert statistics.mean(window) < threshold, f"did not stay under the waterline {threshold}; ticks:\n{log}"
+    assert max(window) < threshold + NOISE_CORES, f"swung back over the waterline {threshold}; ticks:\n{log}"
     touched = {e["workload"] for e in daemon.events() if e.get("event") == "throttle"}
     assert node.guaranteed.pod not in touched
     assert not (node.changed() & {node.guaranteed.pod, node.guaranteed.container}), "the Guaranteed pod is untouched"
