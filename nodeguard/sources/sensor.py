@@ -85,9 +85,9 @@ class Sensor:
         for workload_id, workload in found.items():
             held = self._readers.get(workload_id)
             if held is not None:
-                if held[0] != workload:  # e.g. a container started in the pod
+                if held[0] != workload:  # e.g. a container started in the pod: follow its threads too
                     self._readers[workload_id] = (workload, held[1])
-                held[1].rescan()
+                    held[1].rescan()
                 continue
             try:
                 self._readers[workload_id] = (workload, open_reader(self.layout, workload_id, sensing.proc_root))

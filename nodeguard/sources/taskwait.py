@@ -130,8 +130,9 @@ class TaskWait:
 
     def pause(self) -> None:
         """Stop following the threads (an idle workload): the next sample starts afresh."""
-        for tid in list(self._threads):
-            self._forget(tid)
+        if self._threads:
+            for tid in list(self._threads):
+                self._forget(tid)
         self._last = None
 
     def _read(self, tid: int, fd: int) -> tuple[int, int, int] | None:
