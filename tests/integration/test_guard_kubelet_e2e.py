@@ -266,6 +266,13 @@ def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path
                     lambda: any(e.get("event") == "quota write refused" for e in process.events()), 15, "a refusal"
                 )
                 process.wait_for(lambda: bool(node.throttled_pods()), 5, "another pod throttled")
+
+                def tick_after_refusal() -> int | None:
+                    events = process.events()
+                    at = next(i for i, e in enumerate(events) if e.get("event") == "quota write refused")
+                    return next((i for i in range(at, len(events)) if events[i].get("event") == "tick"), None)
+
+                process.wait_for(lambda: tick_after_refusal() is not None, 5, "the tick of the refusal logged")
                 events = process.events()
                 refused = next(e for e in events if e.get("event") == "quota write refused")
                 assert (refused["workload"], refused["error"], refused["file"]) == (
@@ -273,8 +280,7 @@ def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path
                     "EINVAL",
                     "cpu.cfs_quota_us",
                 )
-                at = events.index(refused)
-                next_tick = next(i for i in range(at, len(events)) if events[i].get("event") == "tick")
+                at, next_tick = events.index(refused), tick_after_refusal()
                 same_tick = [e["workload"] for e in events[at:next_tick] if e.get("event") == "throttle"]
                 assert same_tick and trap.pod not in same_tick, "the next pods were throttled in the same tick"
                 assert node.hierarchy.limit(trap.pod) == UNLIMITED
