@@ -237,7 +237,10 @@ class MqttLink:
                 # offline, and mosquitto 2.0 can let newer messages (the barrier's echo) overtake it, so a node
                 # could rejoin before reading its own will. QoS 0 keeps nothing offline and goes out in order.
                 options = SubscribeOptions(qos=0)
-                await client.subscribe([(topic, options) for topic in [*self.subscriptions, *self.extra]])
+                extra = SubscribeOptions(qos=0, noLocal=True)
+                await client.subscribe(
+                    [(topic, options) for topic in self.subscriptions] + [(topic, extra) for topic in self.extra]
+                )
             log.info("connected to the MQTT broker", session_present=client.session_present, conn=self.conn)
             self.handler.on_connected(client.session_present)
             async for message in client.messages:
@@ -325,7 +328,7 @@ class MqttLink:
 
     async def set_extra(self, topics: list[str]) -> None:
         """Subscribe to ``topics`` beyond the fixed ones (and drop the extra ones not listed), now and on every
-        later connection."""
+        later connection; with No Local (MQTT v5): this client's own messages on them are not sent back."""
         old, self.extra = self.extra, list(topics)
         client = self._client
         if client is None or old == self.extra:
@@ -336,7 +339,7 @@ class MqttLink:
             if gone:
                 await client.unsubscribe(gone)
             if new:
-                await client.subscribe([(topic, SubscribeOptions(qos=0)) for topic in new])
+                await client.subscribe([(topic, SubscribeOptions(qos=0, noLocal=True)) for topic in new])
         except aiomqtt.MqttError as exc:
             raise LinkDown(str(exc)) from None
 

@@ -1003,6 +1003,9 @@ class Node:
             else:
                 st.allot[grant.sem] = st.allot.get(grant.sem, 0) + grant.n
                 self._via.setdefault(grant.sem, []).append((node, grant.id))
+                sent = self._want_sent
+                if node == self.bank and sent is not None and sent[1].get(grant.sem):
+                    sent[1][grant.sem] = max(0, sent[1][grant.sem] - grant.n)  # as the bank counts it down
             st.applied.setdefault(node, set()).add(grant.id)
             st.seq += 1
             self.wants_persist = self.wants_ledger = True

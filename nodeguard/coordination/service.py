@@ -54,7 +54,7 @@ Revoke = Callable[[str, str], None]
 Event = Callable[[str, dict[str, Any]], None]
 CLEANUP_SECONDS = 1.0  # acknowledgements and pruned grants wait at most this long for a ledger
 WARN_NOTES = {"fenced", "waiting for heir", "rolled back after own will: estate goes to heir"}
-CENSUS_SECONDS = 1.0  # the bank publishes allotment changes in its census at most this often
+CENSUS_MIN_SECONDS = 1.0  # the bank publishes allotment changes in its census once a heartbeat, at most once a second
 
 
 class CoordinationService:
@@ -348,9 +348,11 @@ class CoordinationService:
             log.warning("ignored a coordination message", reason=what, topic=topic, error=str(exc))
 
     async def _sync(self, conn: int) -> None:
-        """Read the broker's retained state (a barrier after subscribing) before rejoining."""
+        """Read the broker's retained state (this node's ledger, a barrier after subscribing) before rejoining."""
+        timeout = max(5.0, self.settings.lease_seconds)
         try:
-            await self.link.barrier(timeout=max(5.0, self.settings.lease_seconds))
+            await self.link.refresh(self.topics.ledger(self.name), timeout=timeout)
+            await self.link.barrier(timeout=timeout)
         except LinkDown:
             return
         if conn == self.link.conn:
@@ -494,7 +496,7 @@ class CoordinationService:
         if online and node.is_bank and (node.wants_census or (node.census_stale and now >= self._next_census)):
             census = node.take_census()
             if census is not None:
-                self._next_census = now + CENSUS_SECONDS
+                self._next_census = now + max(CENSUS_MIN_SECONDS, self.settings.heartbeat)
                 self._send(self.topics.census, encode_census(census), self._census_failed)
         if node.wants_status or heartbeat:
             node.wants_status = False

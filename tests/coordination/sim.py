@@ -3,8 +3,9 @@
 The broker keeps retained messages (ledgers, membership records, the census, wills),
 sessions and pending wills; each connected node has a delivery queue the test may
 deliver from in any order, drop from or duplicate. Subscriptions are the service's:
-every node its inbox, its own ledger, the wills and the census; the bank also every
-ledger and membership record. Time is a number the test advances; the only timing
+every node its inbox, the wills and the census (its own retained ledger is read when
+it connects); the bank also every other node's ledger and membership record (MQTT v5
+No Local). Time is a number the test advances; the only timing
 rule the model enforces is the one the protocol relies on: a will is published no
 earlier than ``WILL_DELAY`` after the last packet of the connection, and ``LEASE`` is
 shorter. Nodes join (``connect`` of a new name), drain (``drain`` then ``depart``),
@@ -58,6 +59,7 @@ class Sim:
         self.admissions = 0
         self.log: list[str] = []
         self.departed: set[str] = set()  # drained and stopped: not brought back by settle()
+        self.next_census = 0.0
         for name in members:
             self.add(name)
 
@@ -122,8 +124,7 @@ class Sim:
             if (
                 kind in ("gone", "census")
                 or (kind in ("copy", "want") and name == about)
-                or (kind == "ledger" and (name == about or sim.bank_subscribed))
-                or (kind == "member" and sim.bank_subscribed)
+                or (kind in ("ledger", "member") and sim.bank_subscribed and name != about)  # No Local
             ):
                 out.append(name)
         return out
@@ -255,7 +256,8 @@ class Sim:
             self._publish(sim, "want", want[0], want[1], retain=False)
         if node.wants_member and (online or node.leaving):
             self._publish(sim, "member", name, node.member(), retain=True)
-        if online and node.is_bank and (node.wants_census or node.census_stale):
+        if online and node.is_bank and (node.wants_census or (node.census_stale and self.now >= self.next_census)):
+            self.next_census = self.now + 1.0  # the service's census period
             census = node.take_census()
             if census is not None:
                 self._publish(sim, "census", "", census, retain=True)
