@@ -472,7 +472,8 @@ class CoordinationService:
             persisted is not None and state is not None and (persisted.seq, persisted.epoch) == (state.seq, state.epoch)
         )
         online = node.phase is Phase.ONLINE
-        publish = online and (node.wants_ledger or (node.ledger_stale and cleanup))
+        # A copy shows the persisted ledger: the retained one goes first, so no reader sees the copy's news before it.
+        publish = online and (node.wants_ledger or (node.ledger_stale and (cleanup or node.copies_pending)))
         if node.may_publish_ledger and (publish or node.copies_pending):
             if not up_to_date or persisted is None:
                 node.wants_persist = True
