@@ -305,7 +305,9 @@ def ledger_from_object(obj: dict[str, Any], node: str) -> Ledger:
         grants.append(
             Grant(
                 id=_int(item, "id"),
-                sem=_name(item.get("sem"), "grants[].sem"),
+                sem=""
+                if item.get("mint") is not None and item.get("sem") == ""
+                else _name(item.get("sem"), "grants[].sem"),
                 to=_name(item.get("to"), "grants[].to"),
                 epoch=_int(item, "epoch"),
                 n=_int(item, "n", 0 if item.get("mint") is not None else 1),

@@ -225,7 +225,9 @@ def test_malformed_foreign_and_duplicated_messages_are_ignored_and_counted(broke
         def copy(seq: int, grants: list[dict[str, object]]) -> bytes:
             ledger = {"v": 2, "kind": "ledger", "node": "c", "seq": seq, "epoch": 1, "heir": "c", "allot": {SEM: 0},
                       "grants": grants, "applied": {}, "adopted": {}, "lost": []}  # fmt: skip
-            return json.dumps({"v": 2, "kind": "copy", "node": "c", "ask": False, "queue": {}, "ledger": ledger}).encode()
+            return json.dumps(
+                {"v": 2, "kind": "copy", "node": "c", "ask": False, "queue": {}, "ledger": ledger}
+            ).encode()
 
         inbox = "nodeguard/test/inbox/a"
         publish = [
