@@ -118,6 +118,10 @@ class NodeProcess:
     def count(self, event: str) -> int:
         return sum(1 for e in self.snapshot() if e["ev"] == event)
 
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """Until the process runs its event loop (ten interpreters starting at once on two cores take a while)."""
+        wait_until(lambda: self.count("started") >= 1, timeout, f"{self.name} started", detail=self.log_tail)
+
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         before = self.count("status")
         self.send(cmd="status")

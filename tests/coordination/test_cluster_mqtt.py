@@ -49,6 +49,7 @@ class Cluster:
     def wait_admitting(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
         for name in names or NODES:
             node = self.nodes[name]
+            node.wait_started()
             wait_until(
                 lambda node=node: node.status()["admitting"], timeout, f"{node.name} admitting", detail=self.logs
             )
