@@ -158,9 +158,9 @@ async def main_async(args: argparse.Namespace) -> int:
         for task in loads:
             task.cancel()
         await asyncio.gather(*loads, return_exceptions=True)
-        for task in [runner, reader]:
-            if task is not None:
-                task.cancel()
+        runner.cancel()
+        if reader is not None:
+            reader.cancel()
     emit("stopped", node=service.name)
     return 0
 

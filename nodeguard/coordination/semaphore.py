@@ -404,6 +404,8 @@ class Node:
                 self.census_stale = True
             if fresh and ledger.leaving:
                 self._repick_heir()
+                for queue in self.queue.values():
+                    queue.pop(ledger.node, None)  # the bank: nothing more to it
             if self.leaving:
                 self._drain_spare()  # what arrived while leaving goes on
             self._settle_all(now)

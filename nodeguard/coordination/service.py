@@ -153,15 +153,19 @@ class CoordinationService:
         deadline = started + self.settings.drain_seconds
         self.on_revoke = None  # stopping, not losing the broker: a restarted gate asks for its loads' slots again
         self._apply(self.node.drain(started))
-        while not self.node.drained and time.monotonic() < deadline and self.link.connected:
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - time.monotonic()))
-        member = self.node.member()
-        with contextlib.suppress(LinkDown, TimeoutError):
-            await asyncio.wait_for(
-                self.link.publish(self.topics.member(self.name), encode_member(member), retain=True), 1.0
-            )
+        while True:
+            while not self.node.drained and time.monotonic() < deadline and self.link.connected:
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), max(0.0, deadline - time.monotonic()))
+            member = self.node.member()
+            with contextlib.suppress(LinkDown, TimeoutError):
+                await asyncio.wait_for(
+                    self.link.publish(self.topics.member(self.name), encode_member(member), retain=True), 1.0
+                )
+            # A grant sent before the others saw us leaving may have arrived meanwhile: it is passed on too.
+            if self.node.drained or time.monotonic() >= deadline or not self.link.connected:
+                break
         log.info(
             "drained" if self.node.drained else "drain incomplete: the heir adopts the rest after the will",
             node=self.name,

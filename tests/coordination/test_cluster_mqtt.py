@@ -257,3 +257,65 @@ def test_malformed_foreign_and_duplicated_messages_are_ignored_and_counted(broke
         wait_until(lambda: node.count("done") == 3, 10, "loads", detail=node.log_tail)
     finally:
         node.stop()
+
+
+def test_a_persistent_broker_restart_keeps_retained_state_and_wills(tmp_path: Path) -> None:
+    """With persistence on, a broker stopped and started again still has every retained ledger (a dead node's too),
+    and the will of a node killed before the restart still lets its heir adopt its slots: every slot comes back,
+    and the cap holds throughout."""
+    broker = Broker(tmp_path, persistence=True)
+    broker.start()
+    names = ["p0", "p1", "p2", "p3"]
+    wire = WireAuditor(broker.port, {SEM: 2})
+    nodes = {
+        name: NodeProcess(name, coordination_config(broker.port, ["p0"], {SEM: 2}, tmp_path / "state" / name),
+                          tmp_path).start()
+        for name in names
+    }  # fmt: skip
+
+    def logs() -> str:
+        return "\n".join(n.log_tail(15) for n in nodes.values())
+
+    try:
+        for node in nodes.values():
+            node.wait_started()
+            wait_until(lambda node=node: node.status()["admitting"], 20, f"{node.name} admitting", detail=logs)
+        victim = nodes["p3"]
+        victim.burst(1, 60.0, SEM)
+        wait_until(lambda: victim.count("hold") == 1, 10, "the victim holding", detail=logs)
+        victim.kill()  # its will is pending (will delay) when the broker goes down
+        broker.stop()
+        broker.start()  # same port, same database
+        probe = paho.Client(CallbackAPIVersion.VERSION2, client_id="probe", protocol=paho.MQTTv5)
+        retained: set[str] = set()
+        probe.on_message = lambda c, u, msg: retained.add(msg.topic) if msg.retain else None
+        probe.connect("127.0.0.1", broker.port)
+        probe.subscribe("nodeguard/test/ledger/+", qos=0)
+        probe.loop_start()
+        try:
+            wait_until(lambda: "nodeguard/test/ledger/p3" in retained, 10, "the dead node's retained ledger")
+        finally:
+            probe.loop_stop()
+            probe.disconnect()
+        live = [nodes[n] for n in names[:3]]
+
+        def accounted() -> bool:  # the victim's slot adopted by its heir: every slot in a live allotment
+            sems = [n.status()["semaphores"][SEM] for n in live]
+            return sum(s["allotment"] for s in sems) == 2 and not any(s["grantsOut"] for s in sems)
+
+        wait_until(accounted, WILL + 20, "every slot back in live allotments", detail=logs)
+        assert sum(n.status()["counters"].get("adoptions", 0) for n in live) >= 1
+        after = time.monotonic()
+        for node in live:
+            node.burst(2, 0.3, SEM)
+        loads = LoadAuditor(live)
+        wait_until(lambda: len(loads.done(SEM)) == 6, 20, "six loads done", detail=logs)
+        assert loads.max_held(SEM) <= 2 and loads.max_held(SEM, since=after) == 2
+        assert not wire.violations and not wire.malformed, (wire.violations[:1], wire.malformed[:1])
+    finally:
+        for node in nodes.values():
+            node.terminate()
+        for node in nodes.values():
+            node.stop()
+        wire.close()
+        broker.stop()
