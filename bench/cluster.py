@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
@@ -258,10 +259,14 @@ async def nodeguard_worker(
             await asyncio.gather(*(load(service, f"{service.name}-{r}-{i}") for i in range(REQUESTS)))
 
     await asyncio.gather(*(node_rounds(s) for s in services))
+    counters: Counter[str] = Counter()
+    for service in services:
+        counters.update(service.node.counters)
     emit(
         ev="finished",
         published=sum(s.link.stats.published for s in services) - published,
         received=sum(s.link.stats.received for s in services) - received,
+        counters=dict(counters),
     )
     await wait_go()  # everyone's loads are done: now stopping disturbs nobody
     for task in tasks:
@@ -381,13 +386,35 @@ def worker(args: argparse.Namespace) -> None:
 # --- the parent --------------------------------------------------------------------------------
 
 
-def read_until(stream: IO[str], event: str, sink: list[dict[str, Any]]) -> dict[str, Any]:
-    for line in stream:
-        message = json.loads(line)
-        sink.append(message)
-        if message["ev"] == event:
-            return message
-    raise SystemExit(f"a worker ended before {event!r}")
+class WorkerOutput:
+    """A worker's stdout read by a thread of its own: a worker must never block writing its events (a full pipe
+    would stall its event loop, and its nodes would lose the broker)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.ended = False
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self.cond:
+                self.events.append(json.loads(line))
+                self.cond.notify_all()
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
+
+    def wait_for(self, event: str, timeout: float = 900.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [e for e in self.events if e["ev"] == event]
+                if found:
+                    return found[0]
+                if self.ended or time.monotonic() > deadline:
+                    raise SystemExit(f"a worker ended (or took too long) before {event!r}")
+                self.cond.wait(1.0)
 
 
 def cpu_seconds(pid: int | None) -> float | None:
@@ -442,11 +469,13 @@ def run_scheme(
         )
         for w in range(workers_for(nodes))
     ]
-    events: list[dict[str, Any]] = []
+    outputs = []
+    for proc in procs:
+        assert proc.stdout is not None
+        outputs.append(WorkerOutput(proc.stdout))
     try:
-        for proc in procs:
-            assert proc.stdout is not None
-            read_until(proc.stdout, "ready", events)
+        for output in outputs:
+            output.wait_for("ready")
         time.sleep(1.0)  # the census and every node's first messages are out
         sent_before, own_before = auditor.broker_sent()
         cpu_before = cpu_seconds(broker_pid)
@@ -456,11 +485,12 @@ def run_scheme(
             proc.stdin.write("go\n")
             proc.stdin.flush()
         published = received = 0
-        for proc in procs:
-            assert proc.stdout is not None
-            finished = read_until(proc.stdout, "finished", events)
+        counters: Counter[str] = Counter()
+        for output in outputs:
+            finished = output.wait_for("finished")
             published += finished["published"]
             received += finished["received"]
+            counters.update(finished.get("counters", {}))
         elapsed = time.monotonic() - started
         cpu_after = cpu_seconds(broker_pid)
         sent_after, own_after = auditor.broker_sent()  # the first count taken after the end
@@ -474,6 +504,7 @@ def run_scheme(
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+    events = [e for output in outputs for e in output.events]
     admissions = nodes * REQUESTS * ROUNDS
     broker_cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     return {
@@ -483,6 +514,7 @@ def run_scheme(
         "received_per_admission": received / admissions,
         "broker_cpu_per_admission": None if broker_cpu is None else broker_cpu / admissions,
         "seconds": elapsed,
+        "counters": dict(counters),
     }
 
 
@@ -508,7 +540,12 @@ def main() -> None:
     parser.add_argument("--state", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        worker(args)
+        if os.environ.get("BENCH_PROFILE"):  # a worker's profile, to find where the time goes
+            import cProfile
+
+            cProfile.runctx("worker(args)", globals(), {"args": args}, f"{os.environ['BENCH_PROFILE']}.{args.worker}")
+        else:
+            worker(args)
         return
     if not 2 <= args.nodes <= 1000:
         raise SystemExit("--nodes: between 2 and 1000")
@@ -524,6 +561,7 @@ def main() -> None:
         auditor = Auditor(port)
         admissions = nodes * REQUESTS * ROUNDS
         nodeguard = run_scheme("nodeguard", nodes, port, workdir, seed=args.seed, auditor=auditor, broker_pid=pid)
+        print("protocol counters:", json.dumps(dict(sorted(nodeguard["counters"].items()))), flush=True)
         nodeguard["max_held"] = auditor.max_held("nodeguard", 2 * admissions)
         best = None
         if nodes <= args.best_effort_max:
