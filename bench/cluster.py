@@ -239,11 +239,23 @@ async def nodeguard_worker(
             }
         )
         services.append(CoordinationService(settings, name, on_event=hook(name)))
+    kinds: Counter[str] = Counter()  # what the nodes received during the run, by topic kind
+    counting = False
+    for service in services:
+
+        def on_message(message: Incoming, original: Any = service.on_message, topics: Any = service.topics) -> None:
+            if counting:
+                parsed = topics.parse(message.topic)
+                kinds[parsed[0] if parsed else "other"] += 1
+            original(message)
+
+        service.on_message = on_message  # type: ignore[method-assign]
     tasks = [asyncio.create_task(s.run()) for s in services]
     while not all(s.status()["admitting"] for s in services):
         await asyncio.sleep(0.05)
     emit(ev="ready")
     await wait_go()
+    counting = True
     published = sum(s.link.stats.published for s in services)
     received = sum(s.link.stats.received for s in services)
 
@@ -267,6 +279,7 @@ async def nodeguard_worker(
         published=sum(s.link.stats.published for s in services) - published,
         received=sum(s.link.stats.received for s in services) - received,
         counters=dict(counters),
+        kinds=dict(kinds),
     )
     await wait_go()  # everyone's loads are done: now stopping disturbs nobody
     for task in tasks:
@@ -491,6 +504,7 @@ def run_scheme(
             published += finished["published"]
             received += finished["received"]
             counters.update(finished.get("counters", {}))
+            counters.update({f"received.{k}": v for k, v in finished.get("kinds", {}).items()})
         elapsed = time.monotonic() - started
         cpu_after = cpu_seconds(broker_pid)
         sent_after, own_after = auditor.broker_sent()  # the first count taken after the end

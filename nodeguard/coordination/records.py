@@ -97,7 +97,12 @@ class MemberView:
 
 @dataclass(frozen=True)
 class Census:
-    """The bank's view (retained at ``census``): who holds the mint, the applied caps, the members."""
+    """The bank's view: who holds the mint, the applied caps, the members.
+
+    Two forms: the *bank record* (retained at ``bank``, every node subscribes; published when the bank, the caps or
+    the membership change) lists the joined members by name only and the others (leaving, left, gone) with their
+    view; the *census* (retained at ``census``, read on demand for status) has every member's view with its
+    allotments, refreshed once a heartbeat."""
 
     bank: str
     epoch: int  # the bank's connection epoch
@@ -105,6 +110,7 @@ class Census:
     target: Mapping[str, int]  # the caps configured on the bank (a lowering retires towards them)
     members: Mapping[str, MemberView] = field(default_factory=dict)
     seq: int = 0
+    joined: Mapping[str, int] = field(default_factory=dict)  # the bank record: joined members (epoch), no views
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,8 @@ class Node:
         self.session_present = False
         self._question_before = False
         self.peers: dict[str, Peer] = {}
-        self.census: Census | None = None
+        self.census: Census | None = None  # the bank record (subscribed)
+        self.full_census: Census | None = None  # the last census read (status)
         self.waiting: dict[str, dict[str, None]] = {s: {} for s in cluster.caps}
         self.held: dict[str, set[str]] = {s: set() for s in cluster.caps}
         self.admitted: dict[str, int] = dict.fromkeys(cluster.caps, 0)
@@ -185,8 +186,8 @@ class Node:
         self.ledger_stale = False  # only clean-up changed: publish with the next heartbeat
         self.wants_status = True
         self.wants_member = False  # publish the membership record
-        self.wants_census = False  # the bank: publish the census soon
-        self.census_stale = False  # the bank: allotments changed, publish with the next period
+        self.wants_census = False  # the bank: membership, mint or caps changed: publish the bank record soon
+        self.census_stale = False  # the bank: allotments changed, publish the census with the next period
         self.wants_sync = False  # re-read the broker's retained state (a barrier), then call synced()
         self.wants_reconnect = False  # this connection saw its own will: leave it, rejoin on a new one
         self._copies: dict[str, bool] = {}  # peer -> ask: send it a copy of the next committed ledger
@@ -447,6 +448,10 @@ class Node:
             self._settle_all(now)
         return self._take()
 
+    def on_full_census(self, census: Census) -> None:
+        """The census, read on demand: for status only."""
+        self.full_census = census
+
     def on_member(self, member: Member, now: float) -> Effects:
         """A membership record (the bank subscribes to them, for the census)."""
         peer = self._peer(member.node)
@@ -612,6 +617,7 @@ class Node:
 
     def member(self) -> Member:
         self.wants_member = False
+        self.counters["member.published"] += 1
         state = (
             MemberState.LEFT
             if self.leaving and self.drained
@@ -619,13 +625,17 @@ class Node:
         )
         return Member(self.name, self.epoch, state, self.heir)
 
-    def take_census(self) -> Census | None:
-        """The bank's census (who holds the mint, the applied caps, the members)."""
-        self.wants_census = self.census_stale = False
+    def take_census(self, *, full: bool) -> Census | None:
+        """The bank's view: the bank record (``full`` False: joined members by name only) or the census."""
+        if full:
+            self.census_stale = False
+        else:
+            self.wants_census = False
         st = self.state
         if st is None or st.mint is None:
             return None
         members: dict[str, MemberView] = {}
+        joined: dict[str, int] = {}
         for node, peer in sorted(self.peers.items()):
             if node == self.name:
                 continue
@@ -634,6 +644,8 @@ class Node:
                 continue
             epoch = max(member.epoch if member else 0, ledger.epoch if ledger else 0)
             state = member.state if member is not None else MemberState.JOINED
+            if ledger is not None and ledger.leaving and ledger.epoch >= epoch and state is MemberState.JOINED:
+                state = MemberState.LEAVING
             if peer.gone >= epoch:
                 state = MemberState.GONE
             allot = dict(ledger.allot) if ledger is not None else {}
@@ -641,19 +653,30 @@ class Node:
             if gone and self._adopted_by_heir(node, peer):
                 continue  # nothing of it is left anywhere: not a member any more
             heir = ledger.heir if ledger is not None else (member.heir if member else "")
-            members[node] = MemberView(state, heir, allot, epoch)
-        members[self.name] = MemberView(
+            if state is MemberState.JOINED and not full:
+                joined[node] = epoch
+            else:
+                members[node] = MemberView(state, heir, allot if full else {}, epoch)
+        me = MemberView(
             MemberState.LEAVING if self.leaving else MemberState.JOINED, self.heir, dict(st.allot), self.epoch
         )
+        if full or self.leaving:
+            members[self.name] = me
+        else:
+            joined[self.name] = self.epoch
         self.census_seq += 1
-        return Census(
+        census = Census(
             bank=self.name,
             epoch=self.epoch,
             caps=dict(st.mint),
             target=dict(self.cluster.caps),
             members=members,
             seq=self.census_seq,
+            joined=joined,
         )
+        if full:
+            self.full_census = census
+        return census
 
     def status(self, version: str = "", wall_ms: int = 0) -> Status:
         st = self.state
@@ -779,7 +802,7 @@ class Node:
         st.seq += 1  # the first ledger of a new epoch must supersede every earlier one
         self.wants_persist = self.wants_ledger = self.wants_status = self.wants_member = True
         if st.mint is not None:
-            self.wants_census = True
+            self.wants_census = self.census_stale = True
         if self.fenced and now < self.lease_until and not self.leaving:
             self._unfence(now)
         self._want_sent = None
@@ -827,21 +850,27 @@ class Node:
         epochs = [peer.member.epoch if peer.member else 0, peer.ledger.epoch if peer.ledger else 0]
         if census is not None and node in census.members:
             epochs.append(census.members[node].epoch)
+        if census is not None and node in census.joined:
+            epochs.append(census.joined[node])
         return max(epochs)
 
     def _joined(self) -> list[str]:
         census = self.census
         if census is None:
             return []
-        names = set(census.members) | {census.bank}
+        epochs = dict(census.joined)
+        epochs.setdefault(census.bank, census.epoch)
+        for node, view in census.members.items():
+            if view.state is MemberState.JOINED:
+                epochs[node] = view.epoch
         out = []
-        for node in names:
-            view = census.members.get(node)
-            state = view.state if view is not None else MemberState.JOINED
-            epoch = view.epoch if view is not None else census.epoch
+        for node, epoch in epochs.items():
             peer = self._peer(node)
             leaving = peer.ledger is not None and peer.ledger.leaving and peer.ledger.epoch >= epoch
-            if node != self.name and state is MemberState.JOINED and peer.gone < epoch and not leaving:
+            listed = census.members.get(node)
+            if listed is not None and listed.state is not MemberState.JOINED:
+                continue
+            if node != self.name and peer.gone < epoch and not leaving:
                 out.append(node)
         return sorted(out)
 
@@ -865,6 +894,7 @@ class Node:
         st.heir = heir
         st.seq += 1
         self.wants_persist = self.wants_ledger = self.wants_member = True
+        self.counters["heir.changed"] += 1
         self._note("heir", heir=heir)
 
     # --- internals: reconciling with peers ---------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -55,6 +56,7 @@ Event = Callable[[str, dict[str, Any]], None]
 CLEANUP_SECONDS = 1.0  # acknowledgements and pruned grants wait at most this long for a ledger
 WARN_NOTES = {"fenced", "waiting for heir", "rolled back after own will: estate goes to heir"}
 CENSUS_MIN_SECONDS = 1.0  # the bank publishes allotment changes in its census once a heartbeat, at most once a second
+BANK_RECORD_SECONDS = 0.2  # and a changed bank record at most this often (a burst of joins goes out as one)
 
 
 class CoordinationService:
@@ -105,6 +107,10 @@ class CoordinationService:
         self._next_heartbeat = 0.0
         self._next_cleanup = 0.0
         self._next_census = 0.0
+        self._next_bank = 0.0
+        self._last_bank: Any = None
+        self._census_read_at = -math.inf
+        self._census_reading = False
         self._subscribing = False
 
     # --- the daemon's side ---------------------------------------------------------------
@@ -275,10 +281,23 @@ class CoordinationService:
         }
 
     def _members(self) -> dict[str, dict[str, Any]]:
-        """The members as the bank's census shows them (this node's own entry from its own state)."""
-        census = self.node.census
+        """The members as the bank's census shows them (this node's own entry from its own state); the census is
+        read again when it is older than a heartbeat, so a status or a scrape shows it a moment later."""
+        now = time.monotonic()
+        if (
+            not self.node.is_bank
+            and self.link.connected
+            and self._group is not None
+            and not self._census_reading
+            and now - self._census_read_at >= self.settings.heartbeat
+        ):
+            self._census_read_at, self._census_reading = now, True
+            self._group.create_task(self._read_census())
+        census = self.node.full_census or self.node.census
         members: dict[str, dict[str, Any]] = {}
         if census is not None:
+            for name in census.joined:
+                members[name] = {"state": "joined", "allotment": {}, "heir": ""}
             for name, view in sorted(census.members.items()):
                 members[name] = {"state": view.state.value, "allotment": dict(view.allot), "heir": view.heir}
             if census.bank in members:
@@ -335,8 +354,10 @@ class CoordinationService:
                     self._apply(self.node.on_want(item, now))
             elif kind == "gone":
                 self._apply(self.node.on_gone(decode_gone(message.payload, sender), now))
-            elif kind == "census":
+            elif kind == "bank":
                 self._apply(self.node.on_census(decode_census(message.payload), now))
+            elif kind == "census":
+                self.node.on_full_census(decode_census(message.payload))
             elif kind == "member":
                 self._apply(self.node.on_member(decode_member(message.payload, sender), now))
         except UnknownVersion as exc:
@@ -498,11 +519,8 @@ class CoordinationService:
             self._send(self.topics.inbox(want[0]), encode_want(want[1]), self._want_failed, retain=False)
         if node.wants_member and (online or node.leaving):
             self._send(self.topics.member(self.name), encode_member(node.member()), self._member_failed)
-        if online and node.is_bank and (node.wants_census or (node.census_stale and now >= self._next_census)):
-            census = node.take_census()
-            if census is not None:
-                self._next_census = now + max(CENSUS_MIN_SECONDS, self.settings.heartbeat)
-                self._send(self.topics.census, encode_census(census), self._census_failed)
+        if online and node.is_bank:
+            self._publish_bank_views(now)
         if node.wants_status or heartbeat:
             node.wants_status = False
             self._next_heartbeat = now + self.settings.heartbeat
@@ -515,6 +533,36 @@ class CoordinationService:
             self._group.create_task(self._subscribe(extra))
         for other in sorted(node.take_reads()):
             await self._read(other)
+
+    def _publish_bank_views(self, now: float) -> None:
+        """The bank record when it changed (at most every BANK_RECORD_SECONDS: joins come in bursts), and the census
+        once a heartbeat when allotments changed."""
+        node = self.node
+        if node.wants_census and now >= self._next_bank:
+            record = node.take_census(full=False)
+            if record is not None:
+                key = dataclasses.replace(record, seq=0)
+                if key != self._last_bank:
+                    self._last_bank = key
+                    self._next_bank = now + BANK_RECORD_SECONDS
+                    self._send(self.topics.bank, encode_census(record), self._census_failed)
+        if node.census_stale and now >= self._next_census:
+            census = node.take_census(full=True)
+            if census is not None:
+                self._next_census = now + max(CENSUS_MIN_SECONDS, self.settings.heartbeat)
+                self._send(self.topics.census, encode_census(census), self._census_stale)
+
+    def _census_stale(self) -> None:
+        self.node.census_stale = True
+
+    async def _read_census(self) -> None:
+        """The census, for status: read on demand, not subscribed (it names every member)."""
+        try:
+            await self.link.refresh(self.topics.census, timeout=max(5.0, self.settings.lease_seconds))
+        except LinkDown:
+            pass
+        finally:
+            self._census_reading = False
 
     async def _subscribe(self, topics: list[str]) -> None:
         try:
@@ -568,11 +616,14 @@ class CoordinationService:
                 now >= self._next_heartbeat
                 or (node.ledger_stale and now >= self._next_cleanup)
                 or (node.census_stale and now >= self._next_census)
+                or (node.wants_census and now >= self._next_bank)
             ):
                 self._kick()
             wake_at = min(self._next_heartbeat, now + min(CLEANUP_SECONDS, node.retry), node.next_read_at)
             if node.census_stale:
                 wake_at = min(wake_at, self._next_census)
+            if node.wants_census:
+                wake_at = min(wake_at, self._next_bank)
             if not node.fenced:
                 wake_at = min(wake_at, node.lease_until)
             await asyncio.sleep(max(0.005, wake_at - time.monotonic()))

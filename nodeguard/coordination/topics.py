@@ -8,7 +8,11 @@ Under ``nodeguard/<cluster>/`` (docs/coordination-protocol.md, §2):
 ``inbox/<node>``   not retained: messages to one node: ledger copies (grants, acknowledgements,
                    estates, questions) and demands (to the bank).
 ``member/<node>``  retained: the node's membership record (joined, leaving, left).
-``census``         retained: the bank's view: who holds the mint, the applied caps, the members.
+``bank``           retained: the bank record: who holds the mint, the applied caps, the joined members
+                   by name, the others with state and heir (every node subscribes; it changes with
+                   the membership, not with admissions).
+``census``         retained: the bank's full view with every member's allotment, once a heartbeat;
+                   read on demand (status, metrics).
 ``gone/<node>``    retained Last Will (with Will Delay): ``{"node", "epoch"}``.
 ``status/<node>``  retained, with a Message Expiry: the heartbeat (renews the lease); for people.
 ``sync/<node>``    not retained: the node's own barrier messages.
@@ -89,12 +93,18 @@ class Topics:
     def census(self) -> str:
         return f"{self.prefix}/census"
 
+    @property
+    def bank(self) -> str:
+        return f"{self.prefix}/bank"
+
     def subscriptions(self, node: str) -> list[str]:
-        """Every node's: its inbox and own ledger, the wills, the census; nothing that grows with admissions."""
-        return [self.inbox(node), self.ledger(node), f"{self.prefix}/gone/+", self.census, self.sync(node)]
+        """Every node's: its inbox, the wills and the bank record; nothing that grows with admissions. (Its own
+        retained ledger is read when it connects, the census on demand.)"""
+        return [self.inbox(node), f"{self.prefix}/gone/+", self.bank, self.sync(node)]
 
     def bank_subscriptions(self) -> list[str]:
-        """The bank's, besides: every ledger and membership record (one delivery per ledger, not one per node)."""
+        """The bank's, besides (with No Local): every other node's ledger and membership record (one delivery per
+        ledger, not one per node)."""
         return [f"{self.prefix}/ledger/+", f"{self.prefix}/member/+"]
 
     def parse(self, topic: str) -> tuple[str, str] | None:
@@ -102,8 +112,8 @@ class Topics:
         head, sep, rest = topic.partition(self.prefix + "/")
         if head or not sep:
             return None
-        if rest == "census":
-            return "census", ""
+        if rest in ("census", "bank"):
+            return rest, ""
         kind, sep, node = rest.partition("/")
         if not sep or kind not in KINDS or not valid_name(node):
             return None
@@ -195,6 +205,7 @@ def encode_census(census: Census) -> bytes:
                 name: {"state": m.state.value, "heir": m.heir, "allot": dict(m.allot), "epoch": m.epoch}
                 for name, m in census.members.items()
             },
+            "joined": dict(census.joined),
         }
     )
 
@@ -431,4 +442,5 @@ def decode_census(payload: bytes) -> Census:
         caps=_counts(obj.get("caps"), "caps"),
         target=_counts(obj.get("target", {}), "target"),
         members=members,
+        joined=_counts(obj.get("joined", {}), "joined"),
     )

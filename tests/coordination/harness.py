@@ -265,7 +265,7 @@ class WireAuditor:
                     decode_inbox(msg.payload)
                 elif kind == "member":
                     self.members[node] = decode_member(msg.payload, node).state.value
-                elif kind == "census":
+                elif kind in ("census", "bank"):
                     decode_census(msg.payload)
                 elif kind == "gone":
                     self.wills.append(f"{node}@{decode_gone(msg.payload, node).epoch}")

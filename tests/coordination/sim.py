@@ -3,8 +3,8 @@
 The broker keeps retained messages (ledgers, membership records, the census, wills),
 sessions and pending wills; each connected node has a delivery queue the test may
 deliver from in any order, drop from or duplicate. Subscriptions are the service's:
-every node its inbox, the wills and the census (its own retained ledger is read when
-it connects); the bank also every other node's ledger and membership record (MQTT v5
+every node its inbox, the wills and the bank record (its own retained ledger is read
+when it connects; the census is only retained); the bank also every other node's ledger and membership record (MQTT v5
 No Local). Time is a number the test advances; the only timing
 rule the model enforces is the one the protocol relies on: a will is published no
 earlier than ``WILL_DELAY`` after the last packet of the connection, and ``LEASE`` is
@@ -23,7 +23,7 @@ from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Effects, Node,
 LEASE = 10.0
 WILL_DELAY = 12.0
 
-Message = tuple[str, object]  # (kind, payload): ledger, copy, want, member, census, gone
+Message = tuple[str, object]  # (kind, payload): ledger, copy, want, member, bank (record), gone
 
 
 @dataclass
@@ -122,7 +122,7 @@ class Sim:
             if not sim.connected:
                 continue
             if (
-                kind in ("gone", "census")
+                kind in ("gone", "bank")
                 or (kind in ("copy", "want") and name == about)
                 or (kind in ("ledger", "member") and sim.bank_subscribed and name != about)  # No Local
             ):
@@ -150,7 +150,7 @@ class Sim:
         elif kind == "member":
             assert isinstance(payload, Member)
             fx = node.on_member(payload, self.now)
-        elif kind == "census":
+        elif kind == "bank":
             assert isinstance(payload, Census)
             fx = node.on_census(payload, self.now)
         else:
@@ -256,11 +256,15 @@ class Sim:
             self._publish(sim, "want", want[0], want[1], retain=False)
         if node.wants_member and (online or node.leaving):
             self._publish(sim, "member", name, node.member(), retain=True)
-        if online and node.is_bank and (node.wants_census or (node.census_stale and self.now >= self.next_census)):
-            self.next_census = self.now + 1.0  # the service's census period
-            census = node.take_census()
+        if online and node.is_bank and node.wants_census:
+            record = node.take_census(full=False)
+            if record is not None:
+                self._publish(sim, "bank", "", record, retain=True)
+        if online and node.is_bank and node.census_stale and self.now >= self.next_census:
+            self.next_census = self.now + 1.0  # the service's census period; read on demand, nobody subscribes
+            census = node.take_census(full=True)
             if census is not None:
-                self._publish(sim, "census", "", census, retain=True)
+                self.retained[("census", "")] = census
         if node.wants_status:
             node.wants_status = False
             self._sent(sim)
@@ -404,7 +408,7 @@ class Sim:
         self._apply(sim, node.connected(self.now, present))
         self._sent(sim)  # the first heartbeat
         for (kind, about), msg in sorted(self.retained.items(), key=lambda kv: kv[0]):
-            if kind in ("gone", "census") or (kind == "ledger" and about == name):
+            if kind in ("gone", "bank") or (kind == "ledger" and about == name):
                 self._deliver_to(name, (kind, msg))
         self._apply(sim, node.synced(self.now))
 
