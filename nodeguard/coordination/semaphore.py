@@ -39,6 +39,7 @@ from nodeguard.coordination.records import (
 Estate = tuple[Mapping[str, int], Mapping[str, int] | None]  # allotments, and the mint if it held it
 WILL_GRACE = 1.0  # seconds an heir waits after a will before reading the dead node's ledger
 RETRY = 1.0  # seconds before an unanswered grant or question is sent again (with ask)
+GRANT_RETRY = 2  # retries of a grant's copy (an acknowledgement can wait for the recipient's clean-up, 1 s)
 WANT_RETRY = 5  # retries of a node's demand to the bank (lost only with a connection, which resends it anyway)
 
 
@@ -204,6 +205,7 @@ class Node:
         self._want_at = -math.inf
         self.queue: dict[str, OrderedDict[str, tuple[int, int]]] = {}
         self._told: dict[str, dict[str, bool]] = {}  # holder -> sem -> contention it was last told of
+        self._contended: dict[str, bool] = {}  # sem -> others wait at the bank
         self._fx = Effects()
         self._freed: dict[str, list[float]] = {s: [] for s in cluster.caps}
         self._via: dict[str, list[tuple[str, int]]] = {s: [] for s in cluster.caps}
@@ -403,6 +405,9 @@ class Node:
                 self._copies[ledger.node] = False  # answer: it needs this node's ledger
             if fresh and self.is_bank:
                 self.census_stale = True
+                for sem, contended in self._contended.items():
+                    if contended:
+                        self._tell_holder(ledger.node, sem)
             if fresh and ledger.leaving:
                 self._repick_heir()
                 for queue in self.queue.values():
@@ -1040,9 +1045,14 @@ class Node:
                     sent[1][grant.sem] = max(0, sent[1][grant.sem] - grant.n)  # as the bank counts it down
             st.applied.setdefault(node, set()).add(grant.id)
             st.seq += 1
-            self.wants_persist = self.wants_ledger = True
-            if node != self.bank:
-                self._copies.setdefault(node, False)  # the acknowledgement (the bank reads every ledger)
+            self.wants_persist = True
+            if node == self.bank and grant.mint is None:
+                # The acknowledgement only lets the bank forget the grant, and it reads every ledger: it can wait
+                # for this node's next ledger (the slot's return, usually) or the clean-up.
+                self.ledger_stale = True
+            else:
+                self.wants_ledger = True
+                self._copies.setdefault(node, False)  # the acknowledgement
             self.counters["grants.applied"] += 1
         # Acks for grants the donor no longer lists can go.
         ids = st.applied.get(node)
@@ -1091,7 +1101,7 @@ class Node:
         st = self._st
         for grant in st.grants.values():
             sent = self._sent_at.setdefault(grant.id, now)
-            if now - sent >= self.retry:
+            if now - sent >= GRANT_RETRY * self.retry:  # past the recipient's clean-up publication
                 self._sent_at[grant.id] = now
                 self._copies[grant.to] = True
                 self.counters["grants.resent"] += 1
@@ -1232,17 +1242,27 @@ class Node:
         self._tell_holders(sem, others)
 
     def _tell_holders(self, sem: str, contended: bool) -> None:
-        """Nodes holding slots learn that others wait, and give freed slots back; O(cap) messages, not O(nodes)."""
-        for node, peer in self.peers.items():
-            ledger = peer.ledger
-            if node == self.name or ledger is None:
-                continue
-            told = self._told.setdefault(node, {})
-            if contended and ledger.allot.get(sem, 0) > 0 and not told.get(sem):
-                told[sem] = True
-                self._copies.setdefault(node, False)
-            elif not contended and told.get(sem):
-                told[sem] = False
+        """When a queue forms, the nodes holding slots learn that others wait (O(cap) messages, not O(nodes)) and
+        give freed slots back; a node that comes to hold slots while it lasts is told as its ledger arrives."""
+        was = self._contended.get(sem, False)
+        self._contended[sem] = contended
+        if not contended:
+            if was:
+                for told in self._told.values():
+                    told.pop(sem, None)
+            return
+        if not was:
+            for node in self.peers:
+                self._tell_holder(node, sem)
+
+    def _tell_holder(self, node: str, sem: str) -> None:
+        ledger = self._peer(node).ledger
+        if node == self.name or ledger is None or ledger.allot.get(sem, 0) <= 0:
+            return
+        told = self._told.setdefault(node, {})
+        if not told.get(sem):
+            told[sem] = True
+            self._copies.setdefault(node, False)
 
     def _adopted_by_heir(self, node: str, peer: Peer) -> bool:
         ledger = peer.ledger
