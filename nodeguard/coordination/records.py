@@ -54,11 +54,13 @@ class Ledger:
 
 @dataclass(frozen=True)
 class Copy:
-    """A ledger sent to one peer's inbox; ``ask``: answer with yours; ``queue``: the bank's waiting nodes."""
+    """A ledger sent to one peer's inbox; ``ask``: answer with yours; ``queue``: how many nodes wait at the bank;
+    ``forward``: the bank's word to a holder: the next slot it frees goes straight to this node (and epoch)."""
 
     ledger: Ledger
     ask: bool = False
     queue: Mapping[str, int] = field(default_factory=dict)
+    forward: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # the bank: whom to pass a freed slot to
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class Census:
     members: Mapping[str, MemberView] = field(default_factory=dict)
     seq: int = 0
     joined: Mapping[str, int] = field(default_factory=dict)  # the bank record: joined members (epoch), no views
+    ledger_seq: int = 0  # the bank's ledger seq when it was made: the newer of this and a copy of its ledger wins
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,11 @@ class Node:
         self.queue: dict[str, OrderedDict[str, tuple[int, int]]] = {}
         self._told: dict[str, dict[str, bool]] = {}  # holder -> sem -> contention it was last told of
         self._contended: dict[str, bool] = {}  # sem -> others wait at the bank
+        self.forward: dict[str, tuple[str, int]] = {}  # a holder: sem -> whom the bank said its next freed slot is for
+        # the bank: sem -> holder -> (promised node, its epoch, the holder's newest grant id when promised)
+        self._promised: dict[str, dict[str, tuple[str, int, int]]] = {}
+        self._holders: dict[str, set[str]] = {}  # the bank: sem -> nodes whose ledgers show slots
+        self._newest_grant: dict[str, int] = {}  # the bank: node -> the highest grant id seen in its ledgers
         self._fx = Effects()
         self._freed: dict[str, list[float]] = {s: [] for s in cluster.caps}
         self._via: dict[str, list[tuple[str, int]]] = {s: [] for s in cluster.caps}
@@ -391,6 +396,7 @@ class Node:
             if ledger.node == self.bank:
                 for sem, n in copy.queue.items():
                     self.contended[sem] = n > 0
+                self.forward = dict(copy.forward)  # the bank's latest word
         fresh = peer.ledger is None or ledger.seq > peer.ledger.seq
         if fresh:
             peer.ledger = ledger
@@ -405,6 +411,7 @@ class Node:
                 self._copies[ledger.node] = False  # answer: it needs this node's ledger
             if fresh and self.is_bank:
                 self.census_stale = True
+                self._track_holder(ledger)
                 for sem, contended in self._contended.items():
                     if contended:
                         self._tell_holder(ledger.node, sem)
@@ -412,6 +419,7 @@ class Node:
                 self._repick_heir()
                 for queue in self.queue.values():
                     queue.pop(ledger.node, None)  # the bank: nothing more to it
+                self._unpromise(ledger.node)
             if self.leaving:
                 self._drain_spare()  # what arrived while leaving goes on
             self._settle_all(now)
@@ -476,6 +484,7 @@ class Node:
             self.wants_census = True
             for queue in self.queue.values():
                 queue.pop(gone.node, None)
+            self._unpromise(gone.node)
         if self.phase is not Phase.ONLINE:
             return self._take()
         if gone.node != self.name:
@@ -678,6 +687,7 @@ class Node:
             members=members,
             seq=self.census_seq,
             joined=joined,
+            ledger_seq=st.seq,
         )
         if full:
             self.full_census = census
@@ -1041,7 +1051,7 @@ class Node:
                 st.allot[grant.sem] = st.allot.get(grant.sem, 0) + grant.n
                 self._via.setdefault(grant.sem, []).append((node, grant.id))
                 sent = self._want_sent
-                if node == self.bank and sent is not None and sent[1].get(grant.sem):
+                if sent is not None and sent[1].get(grant.sem):
                     sent[1][grant.sem] = max(0, sent[1][grant.sem] - grant.n)  # as the bank counts it down
             st.applied.setdefault(node, set()).add(grant.id)
             st.seq += 1
@@ -1128,8 +1138,21 @@ class Node:
         st = self.state
         if st is not None and st.mint is not None:
             return st.mint.get(sem, 0) > configured
+        return sem not in self.cluster.caps or self.applied_caps().get(sem, 0) > configured
+
+    def applied_caps(self) -> Mapping[str, int]:
+        """The slots in existence as this node last heard: the bank's record or a copy of the bank's ledger (which
+        comes with every grant from it), whichever is newer, so a grant is never used on older news than its own."""
+        st = self.state
+        if st is not None and st.mint is not None:
+            return st.mint
         census = self.census
-        return sem not in self.cluster.caps or (census is not None and census.caps.get(sem, 0) > configured)
+        if census is None:
+            return {}
+        ledger = self._peer(census.bank).ledger
+        if ledger is not None and ledger.mint is not None and ledger.seq > census.ledger_seq:
+            return ledger.mint
+        return census.caps
 
     def _settle_all(self, now: float) -> None:
         if self.state is None:
@@ -1168,9 +1191,13 @@ class Node:
                 give = spare
             elif self.contended.get(sem) and self._freed.get(sem):
                 give = min(spare, len(self._freed[sem]))
+            target = self.forward.pop(sem, None) if give and not retiring else None
+            if target is not None and target[0] not in (self.name, bank):
+                self._grant(sem, target[0], 1, target[1])  # straight to the next waiting node: one hop
+                give -= 1
+                self.counters["grants.forwarded"] += 1
             if give and bank is not None:
                 self._grant(sem, bank, give, self._epoch_of(bank))
-                spare -= give
         if not retiring:
             while waiting and len(held) < st.allot.get(sem, 0):
                 self._admit(sem)
@@ -1238,8 +1265,79 @@ class Node:
             spare -= 1
             if n > 1:
                 queue[node] = (epoch, n - 1)  # its turn again after the others
+        self._promise(sem)
         others = any(node != self.name for node in queue)
         self._tell_holders(sem, others)
+
+    def _track_holder(self, ledger: Ledger) -> None:
+        """The bank, on a node's newer ledger: who holds slots, and whether a promised slot went where promised."""
+        node = ledger.node
+        newest = max([self._newest_grant.get(node, 0), *(g.id for g in ledger.grants)])
+        for sem in set(ledger.allot) | set(self._holders):
+            holders = self._holders.setdefault(sem, set())
+            if ledger.allot.get(sem, 0) > 0 and not ledger.leaving:
+                holders.add(node)
+            else:
+                holders.discard(node)
+            promise = self._promised.get(sem, {}).get(node)
+            if promise is None:
+                continue
+            target, epoch, since = promise
+            new = [g for g in ledger.grants if g.id > since and g.sem == sem]
+            if target != self.name and any(g.to == target for g in new):
+                del self._promised[sem][node]  # kept
+            elif new or node not in holders:
+                # It gave its slot back to the bank (it had not heard yet, or the bank's own loads were next) or holds
+                # nothing: the promised node is served first from what the bank has.
+                del self._promised[sem][node]
+                queue = self.queue.setdefault(sem, OrderedDict())
+                left = queue.pop(target, (epoch, 0))[1]
+                queue[target] = (epoch, left + 1)
+                queue.move_to_end(target, last=False)
+        self._newest_grant[node] = newest
+
+    def _promise(self, sem: str) -> None:
+        """The bank: each holder without a promise is told which waiting node its next freed slot goes to, in the
+        queue's order, so that a slot passes in one hop instead of two (through the bank)."""
+        queue = self.queue.get(sem)
+        if not queue:
+            return
+        promised = self._promised.setdefault(sem, {})
+        for holder in sorted(self._holders.get(sem, ())):
+            if holder in promised or holder == self.name or self._peer(holder).gone >= self._epoch_of(holder):
+                continue
+            target = next((n for n in queue if n != holder), None)  # the bank itself: the slot comes back
+            if target is None:
+                return
+            epoch, n = queue.pop(target)
+            if n > 1:
+                queue[target] = (epoch, n - 1)
+            promised[holder] = (target, epoch, self._newest_grant.get(holder, 0))
+            self._copies.setdefault(holder, False)
+            self.counters["promises"] += 1
+
+    def _unpromise(self, node: str) -> None:
+        """A holder leaving or gone: its promised nodes are served first from what the bank has."""
+        for sem, promised in self._promised.items():
+            promise = promised.pop(node, None)
+            if promise is not None:
+                target, epoch, _ = promise
+                queue = self.queue.setdefault(sem, OrderedDict())
+                left = queue.pop(target, (epoch, 0))[1]
+                queue[target] = (epoch, left + 1)
+                queue.move_to_end(target, last=False)
+            for holder, promise_of in list(promised.items()):
+                if promise_of[0] == node:
+                    del promised[holder]
+
+    def forward_hint(self, peer: str) -> dict[str, tuple[str, int]]:
+        """What the bank tells ``peer`` in a copy: where its next freed slot goes, per semaphore."""
+        hints = {}
+        for sem, promised in self._promised.items():
+            promise = promised.get(peer)
+            if promise is not None:
+                hints[sem] = (promise[0], promise[1])
+        return hints
 
     def _tell_holders(self, sem: str, contended: bool) -> None:
         """When a queue forms, the nodes holding slots learn that others wait (O(cap) messages, not O(nodes)) and
@@ -1283,6 +1381,7 @@ class Node:
         if mint is not None:
             st.mint = None
             self.queue.clear()
+            self._promised.clear()
             self.wants_census = False
         else:
             st.allot[sem] -= n

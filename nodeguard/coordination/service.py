@@ -512,7 +512,8 @@ class CoordinationService:
             hint = node.queue_hint() if node.is_bank else {}
             for peer, ask in sorted(node.take_copies().items()):
                 if peer != self.name:
-                    copy = encode_copy(Copy(ledger, ask, hint))
+                    forward = node.forward_hint(peer) if node.is_bank else {}
+                    copy = encode_copy(Copy(ledger, ask, hint, forward))
                     self._send(self.topics.inbox(peer), copy, self._nothing, retain=False)
         want = node.take_want(now)
         if want is not None:
@@ -541,7 +542,7 @@ class CoordinationService:
         if node.wants_census and now >= self._next_bank:
             record = node.take_census(full=False)
             if record is not None:
-                key = dataclasses.replace(record, seq=0)
+                key = dataclasses.replace(record, seq=0, ledger_seq=0)
                 if key != self._last_bank:
                     self._last_bank = key
                     self._next_bank = now + BANK_RECORD_SECONDS

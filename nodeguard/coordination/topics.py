@@ -175,6 +175,7 @@ def encode_copy(copy: Copy) -> bytes:
             "node": copy.ledger.node,
             "ask": copy.ask,
             "queue": dict(copy.queue),
+            "forward": {sem: [to, epoch] for sem, (to, epoch) in copy.forward.items()},
             "ledger": ledger_object(copy.ledger),
         }
     )
@@ -206,6 +207,7 @@ def encode_census(census: Census) -> bytes:
                 for name, m in census.members.items()
             },
             "joined": dict(census.joined),
+            "ledgerSeq": census.ledger_seq,
         }
     )
 
@@ -406,7 +408,18 @@ def decode_inbox(payload: bytes) -> Copy | Want:
         ledger=ledger_from_object(_map(obj.get("ledger"), "ledger"), sender),
         ask=ask,
         queue=_counts(obj.get("queue", {}), "queue"),
+        forward=_forward(obj.get("forward", {})),
     )
+
+
+def _forward(value: Any) -> dict[str, tuple[str, int]]:
+    forward = {}
+    for sem, item in _map(value, "forward").items():
+        pair = _list(item, "forward[]")
+        if len(pair) != 2 or not isinstance(pair[1], int) or isinstance(pair[1], bool) or pair[1] < 0:
+            raise Malformed("forward: expected [node, epoch] pairs")
+        forward[_name(sem, "forward")] = (_name(pair[0], "forward[].node"), pair[1])
+    return forward
 
 
 def decode_member(payload: bytes, node: str) -> Member:
@@ -443,4 +456,5 @@ def decode_census(payload: bytes) -> Census:
         target=_counts(obj.get("target", {}), "target"),
         members=members,
         joined=_counts(obj.get("joined", {}), "joined"),
+        ledger_seq=_int(obj, "ledgerSeq") if "ledgerSeq" in obj else 0,
     )

@@ -87,10 +87,16 @@ class Sim:
         return sum(len(s.held.get(sem, ())) for s in self.nodes.values())
 
     def _check_admission(self, sem: str) -> None:
-        """I7: once every live node is configured with the same cap, no admission takes the sum above it."""
+        """I7: once every live node is configured with the same cap and has heard the bank's applied cap, no
+        admission takes the sum above the configured cap."""
         live = [s for s in self.nodes.values() if s.node is not None]
         caps = {s.cluster.caps.get(sem, 0) for s in live}
-        if len(caps) == 1:
+        banks = [s.node for s in live if s.node is not None and s.node.is_bank]
+        if not banks:
+            return  # the mint in flight or in an estate: nobody knows the applied cap for sure
+        applied = banks[0].applied_caps().get(sem, 0)
+        heard = all(s.node is not None and s.node.applied_caps().get(sem, 0) == applied for s in live)
+        if len(caps) == 1 and heard:
             (cap,) = caps
             total = self.total(sem)
             if total > cap:
@@ -250,7 +256,8 @@ class Sim:
             hint = node.queue_hint() if node.is_bank else {}
             for peer, ask in sorted(node.take_copies().items()):
                 if peer != name:
-                    self._publish(sim, "copy", peer, Copy(ledger, ask, hint), retain=False)
+                    forward = node.forward_hint(peer) if node.is_bank else {}
+                    self._publish(sim, "copy", peer, Copy(ledger, ask, hint, forward), retain=False)
         want = node.take_want(self.now)
         if want is not None:
             self._publish(sim, "want", want[0], want[1], retain=False)
