@@ -367,6 +367,8 @@ class Node:
                 if now >= due:
                     del self._due_reads[node]
                     self._reads.add(node)
+            for node in {g.to for g in self.state.grants.values()}:
+                self._reconcile(node, now)  # grants whose recipient has moved on come back
             self._retry(now)
             if self.admitting:
                 self._settle_all(now)
@@ -405,7 +407,7 @@ class Node:
         if self.phase is Phase.WAITING_HEIR and copy is not None and ledger.node == self.heir:
             self._check_heir(now)
         elif self.phase is Phase.ONLINE and ledger.node != self.name:
-            if fresh:
+            if fresh or copy is not None:  # an answer: act on the newest ledger known (a grant may be newer)
                 self._reconcile(ledger.node, now)
             if copy is not None and copy.ask:
                 self._copies[ledger.node] = False  # answer: it needs this node's ledger
@@ -472,6 +474,12 @@ class Node:
             peer.member = member
             if self.is_bank:
                 self.wants_census = True
+                if member.state is not MemberState.JOINED:
+                    for queue in self.queue.values():
+                        queue.pop(member.node, None)
+                    self._unpromise(member.node)
+            if member.state is not MemberState.JOINED and self.phase is Phase.ONLINE:
+                self._repick_heir()
         return self._take()
 
     def on_gone(self, gone: Gone, now: float) -> Effects:
@@ -674,10 +682,7 @@ class Node:
         me = MemberView(
             MemberState.LEAVING if self.leaving else MemberState.JOINED, self.heir, dict(st.allot), self.epoch
         )
-        if full or self.leaving:
-            members[self.name] = me
-        else:
-            joined[self.name] = self.epoch
+        members[self.name] = me  # with its heir: who inherits the bank, should it die
         self.census_seq += 1
         census = Census(
             bank=self.name,
@@ -828,6 +833,8 @@ class Node:
                 self._consider_gone(node, now)
         for grant in st.grants.values():
             self._copies.setdefault(grant.to, False)  # the recipients may have missed them
+        if st.heir and st.heir != self.name:
+            self._copies.setdefault(st.heir, False)  # the heir learns of its ward
         if self.leaving:
             self._drain_spare()
         for sem in list(st.allot):
@@ -882,6 +889,8 @@ class Node:
         for node, epoch in epochs.items():
             peer = self._peer(node)
             leaving = peer.ledger is not None and peer.ledger.leaving and peer.ledger.epoch >= epoch
+            member = peer.member
+            leaving |= member is not None and member.state is not MemberState.JOINED and member.epoch >= epoch
             listed = census.members.get(node)
             if listed is not None and listed.state is not MemberState.JOINED:
                 continue
@@ -909,6 +918,8 @@ class Node:
         st.heir = heir
         st.seq += 1
         self.wants_persist = self.wants_ledger = self.wants_member = True
+        if heir != self.name:
+            self._copies.setdefault(heir, False)  # the heir learns of its ward (it reads its ledger after a will)
         self.counters["heir.changed"] += 1
         self._note("heir", heir=heir)
 
@@ -1127,6 +1138,8 @@ class Node:
                     self._reads.add(heir)
         if now - self._polled_at >= self.retry:
             self._polled_at = now
+            if self.leaving:
+                self.wants_member = True  # until it is gone: whoever missed it must not name it heir
         if any(self._demand.values()) and now - self._want_at >= WANT_RETRY * self.retry and self._want_sent:
             self._want_sent = None  # unanswered: say it again
 
