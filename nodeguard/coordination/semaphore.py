@@ -403,7 +403,7 @@ class Node:
         if fresh:
             peer.ledger = ledger
         else:
-            self.counters["ignored.stale"] += 1
+            self.counters["stale"] += 1
         if self.phase is Phase.WAITING_HEIR and copy is not None and ledger.node == self.heir:
             self._check_heir(now)
         elif self.phase is Phase.ONLINE and ledger.node != self.name:
@@ -430,7 +430,7 @@ class Node:
     def on_want(self, want: Want, now: float) -> Effects:
         """A node's demand, in the bank's inbox (§4)."""
         if not self.is_bank or want.node == self.name:
-            self.counters["ignored.want"] += 1
+            self.counters["stale.want"] += 1
             return self._take()
         if self._peer(want.node).gone >= want.epoch:
             return self._take()
@@ -450,7 +450,7 @@ class Node:
     def on_census(self, census: Census, now: float) -> Effects:
         old = self.census
         if old is not None and (census.epoch, census.seq) < (old.epoch, old.seq) and census.bank == old.bank:
-            self.counters["ignored.stale"] += 1
+            self.counters["stale"] += 1
             return self._take()
         self.census = census
         if self.phase is Phase.ONLINE and self.state is not None:

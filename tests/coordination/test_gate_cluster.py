@@ -111,13 +111,18 @@ def test_servers_on_ten_nodes_never_start_more_than_the_cluster_cap(cluster: Clu
         with urllib.request.urlopen(f"http://{cluster.http[FIRST]}/metrics", timeout=5) as response:
             return str(response.read().decode())
 
-    # Members and their allotments come from the bank's census, published once a heartbeat.
-    wait_until(lambda: 'nodeguard_coordination_members{state="joined"} 10.0' in metrics_text(), 10, "ten members")
+    def allotments(metrics: str) -> list[tuple[str, str]]:
+        return re.findall(r'nodeguard_coordination_member_allotment\{member="(\w+)",semaphore="prepare",'
+                          r'state="joined"\} ([0-9.]+)', metrics)  # fmt: skip
+
+    def census_settled() -> bool:  # the bank's census, once a heartbeat: all ten, every slot in some allotment
+        seen = allotments(metrics_text())
+        return len(seen) == len(NODES) and sum(float(n) for _, n in seen) == CAP
+
+    wait_until(census_settled, 10, "the census: ten members holding the cap")
     metrics = metrics_text()
+    assert 'nodeguard_coordination_members{state="joined"} 10.0' in metrics
     assert "nodeguard_coordination_bank 1.0" in metrics  # the seed holds the mint
-    allotments = re.findall(r'nodeguard_coordination_member_allotment\{member="(\w+)",semaphore="prepare",'
-                            r'state="joined"\} ([0-9.]+)', metrics)  # fmt: skip
-    assert len(allotments) == len(NODES) and sum(float(n) for _, n in allotments) == CAP, allotments
     assert f'nodeguard_semaphore_admissions_total{{semaphore="prepare"}} {LOADS_PER_NODE}.0' in metrics
     assert f'nodeguard_semaphore_cap{{semaphore="prepare"}} {CAP}.0' in metrics
     assert 'nodeguard_semaphore_held{semaphore="prepare"} 0.0' in metrics
