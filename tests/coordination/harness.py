@@ -144,7 +144,7 @@ class NodeProcess:
             os.kill(self.proc.pid, signal.SIGTERM)
         if self.proc is not None:
             try:
-                self.proc.wait(5)
+                self.proc.wait(10)  # it drains first: up to drainSeconds (3) and a second for its last record
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGUSR2)  # its tasks' stacks go to its log
                 time.sleep(0.3)
