@@ -155,7 +155,6 @@ class Node:
         lease_seconds: float,
         will_grace: float = WILL_GRACE,
         retry: float = RETRY,
-        **_: Any,
     ) -> None:
         self.name = name
         self.cluster = cluster
