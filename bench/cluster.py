@@ -1,11 +1,15 @@
-"""Benchmark: nodeguard's cluster semaphore against a Velero-style best-effort count, same run, same broker.
+"""Benchmark: nodeguard's cluster semaphore at 20 to 200 nodes on one broker, and a Velero-style best-effort count.
 
-20 nodes, each with its own MQTT connection, run as asyncio tasks in 4 worker
-processes of 5 nodes (20 interpreters would crowd two cores; one process for
-all 20 measures Python's MQTT client, not the protocol); each node gets 10
-simultaneous requests for a cap of 8, for several rounds; a load holds its
-slot for 20-80 ms. Both schemes run against one mosquitto started here (or
-``--broker host:port``), one after the other.
+``--nodes N`` nodes (default 20), each with its own MQTT connection, run as
+asyncio tasks in worker processes (5 to 20 nodes each: N interpreters would
+crowd two cores; one process for all measures Python's MQTT client, not the
+protocol); each node gets 10 simultaneous requests for a cap of 8, for three
+rounds; a load holds its slot for 20-80 ms. One seed (the first node) holds the
+cap at genesis; every other node joins with nothing. Both schemes run against
+one mosquitto started here (``sys_interval 1``) or ``--broker host:port``, one
+after the other; the best-effort count only up to ``--best-effort-max`` nodes
+(every count goes to every node: at 200 nodes it measures the broker, not the
+scheme).
 
 * nodeguard: a CoordinationService per node (state dirs on a tmpfs,
   /dev/shm, as nodeguard's default /run/nodeguard is on most hosts).
@@ -17,9 +21,16 @@ The auditor is a client subscribed to the broker: every load publishes
 ``hold`` and ``free`` with CLOCK_MONOTONIC timestamps (one clock: one machine),
 and the auditor merges them into the largest sum held at any instant.
 Handoff: from the release of a slot on one node to the admission, on another
-node, of a waiting load through the grant that slot became. Messages per
-admission: PUBLISH packets the nodes sent (heartbeats, statuses, ledgers,
-barriers; not the audit reports) per admitted load. Prints one JSON line last.
+node, of a waiting load through the grant (or the two grants, through the bank)
+that slot became. Messages per admission: PUBLISH packets the nodes sent
+(heartbeats, ledgers, copies, demands, census; not the audit reports) per
+admitted load. Deliveries per admission: PUBLISH packets the broker sent, from
+its own counter ``$SYS/broker/publish/messages/sent`` between the start and the
+end of the run, less those it sent to the bench's own clients (the auditor and
+the $SYS reader count what they receive), per admitted load; the nodes' own
+count of what they received is printed beside it as a cross-check. Broker CPU:
+user + system time of the mosquitto process (/proc/<pid>/stat) over the same
+span, per admission. Prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import IO, Any
 
@@ -50,14 +62,21 @@ from nodeguard.coordination.service import CoordinationService
 from nodeguard.coordination.settings import BrokerSettings, CoordinationSettings
 from nodeguard.log import configure
 
-NODES = 20
-WORKERS = 4
 REQUESTS = 10
 CAP = 8
 ROUNDS = 3
 HOLD = (0.020, 0.080)
 SEM = "prepare"
-NAMES = [f"node{i:02d}" for i in range(NODES)]
+SYS_SENT = "$SYS/broker/publish/messages/sent"
+
+
+def names(nodes: int) -> list[str]:
+    return [f"node{i:03d}" for i in range(nodes)]
+
+
+def workers_for(nodes: int) -> int:
+    """4 workers of 5 nodes at 20; 10 workers of 20 at 200."""
+    return max(1, min(10, max(4, nodes // 20), nodes))
 
 
 # --- the broker and the auditor ---------------------------------------------------------------
@@ -69,7 +88,8 @@ def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
         port = int(sock.getsockname()[1])
     config = workdir / "mosquitto.conf"
     config.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\nset_tcp_nodelay true\n"
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\n"
+        "set_tcp_nodelay true\nsys_interval 1\n"
     )
     mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     proc = subprocess.Popen([mosquitto, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -86,19 +106,40 @@ class Auditor:
 
     def __init__(self, port: int) -> None:
         self.events: list[tuple[float, int, str]] = []
+        self.received = 0  # every PUBLISH the broker sent this client (audit reports and $SYS)
+        self.sys_sent: tuple[int, int] | None = None  # (the broker's counter, self.received when it arrived)
+        self.sys_updates = 0
         self.lock = threading.Lock()
         ready = threading.Event()
         self.client = paho.Client(CallbackAPIVersion.VERSION2, client_id="bench-auditor", protocol=paho.MQTTv5)
-        self.client.on_connect = lambda c, *_: (c.subscribe("bench/audit/#", qos=1), ready.set())
+        self.client.on_connect = lambda c, *_: (c.subscribe([("bench/audit/#", 1), (SYS_SENT, 0)]), ready.set())
         self.client.on_message = self._on_message
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
         ready.wait(5)
 
     def _on_message(self, client: Any, userdata: Any, msg: paho.MQTTMessage) -> None:
+        with self.lock:
+            self.received += 1
+            if msg.topic == SYS_SENT:
+                self.sys_sent = (int(msg.payload), self.received)
+                self.sys_updates += 1
+                return
         e = json.loads(msg.payload)
         with self.lock:
             self.events.append((e["t"], 1 if e["ev"] == "hold" else -1, msg.topic))
+
+    def broker_sent(self, timeout: float = 5.0) -> tuple[int, int]:
+        """The broker's next count of PUBLISH packets sent, and how many of them this client had received by then."""
+        with self.lock:
+            seen = self.sys_updates
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.sys_updates > seen and self.sys_sent is not None:
+                    return self.sys_sent
+            time.sleep(0.02)
+        raise SystemExit("no $SYS/broker/publish/messages/sent from the broker (sys_interval?)")
 
     def max_held(self, scheme: str, expected: int, timeout: float = 10.0) -> int:
         deadline = time.monotonic() + timeout
@@ -172,35 +213,51 @@ async def wait_go() -> None:
 # --- nodeguard (in a worker) -------------------------------------------------------------------
 
 
-async def nodeguard_worker(names: list[str], port: int, state: Path, reporter: Reporter, rng: random.Random) -> None:
+async def nodeguard_worker(
+    mine: list[str], everyone: list[str], port: int, state: Path, *, reporter: Reporter, rng: random.Random
+) -> None:
     def hook(name: str) -> Any:
         def on_event(event: str, fields: dict[str, Any]) -> None:
-            if event == "donated" and fields["freed_at"] is not None:
-                emit(ev="donated", grant=[name, fields["grant"].id], freed_at=fields["freed_at"])
+            if event == "donated" and (fields["freed_at"] is not None or fields["via"] is not None):
+                via = list(fields["via"]) if fields["via"] is not None else None
+                emit(ev="donated", grant=[name, fields["grant"].id], freed_at=fields["freed_at"], via=via, node=name)
             elif event == "admitted" and fields["via"] is not None:
-                emit(ev="admitted", via=list(fields["via"]), t=fields["t"])
+                emit(ev="admitted", via=list(fields["via"]), t=fields["t"], node=name)
 
         return on_event
 
     services = []
-    for name in names:
+    for name in mine:
         settings = CoordinationSettings.model_validate(
             {
                 "enabled": True,
                 "cluster": "bench",
-                "nodes": NAMES,
+                "seeds": everyone[:1],
                 "semaphores": {SEM: CAP},
                 "stateDir": str(state / name),
                 "broker": {"host": "127.0.0.1", "port": port},
             }
         )
         services.append(CoordinationService(settings, name, on_event=hook(name)))
+    kinds: Counter[str] = Counter()  # what the nodes received during the run, by topic kind
+    counting = False
+    for service in services:
+
+        def on_message(message: Incoming, original: Any = service.on_message, topics: Any = service.topics) -> None:
+            if counting:
+                parsed = topics.parse(message.topic)
+                kinds[parsed[0] if parsed else "other"] += 1
+            original(message)
+
+        service.on_message = on_message  # type: ignore[method-assign]
     tasks = [asyncio.create_task(s.run()) for s in services]
     while not all(s.status()["admitting"] for s in services):
         await asyncio.sleep(0.05)
     emit(ev="ready")
     await wait_go()
+    counting = True
     published = sum(s.link.stats.published for s in services)
+    received = sum(s.link.stats.received for s in services)
 
     async def load(service: CoordinationService, load_id: str) -> None:
         await service.acquire(SEM, load_id)
@@ -214,7 +271,16 @@ async def nodeguard_worker(names: list[str], port: int, state: Path, reporter: R
             await asyncio.gather(*(load(service, f"{service.name}-{r}-{i}") for i in range(REQUESTS)))
 
     await asyncio.gather(*(node_rounds(s) for s in services))
-    emit(ev="finished", published=sum(s.link.stats.published for s in services) - published)
+    counters: Counter[str] = Counter()
+    for service in services:
+        counters.update(service.node.counters)
+    emit(
+        ev="finished",
+        published=sum(s.link.stats.published for s in services) - published,
+        received=sum(s.link.stats.received for s in services) - received,
+        counters=dict(counters),
+        kinds=dict(kinds),
+    )
     await wait_go()  # everyone's loads are done: now stopping disturbs nobody
     for task in tasks:
         task.cancel()
@@ -227,10 +293,10 @@ async def nodeguard_worker(names: list[str], port: int, state: Path, reporter: R
 class BestEffortNode:
     """Publishes its count; admits one load while the sum it sees is below the cap, then waits to see itself."""
 
-    def __init__(self, name: str, port: int, reporter: Reporter) -> None:
+    def __init__(self, name: str, everyone: list[str], port: int, reporter: Reporter) -> None:
         self.name = name
         self.reporter = reporter
-        self.counts = dict.fromkeys(NAMES, 0)
+        self.counts = dict.fromkeys(everyone, 0)
         self.held = 0
         self.published_count = -1
         self.seen_own = True
@@ -281,8 +347,10 @@ class BestEffortNode:
         self.admit()
 
 
-async def best_effort_worker(names: list[str], port: int, reporter: Reporter, rng: random.Random) -> None:
-    nodes = [BestEffortNode(n, port, reporter) for n in names]
+async def best_effort_worker(
+    mine: list[str], everyone: list[str], port: int, reporter: Reporter, rng: random.Random
+) -> None:
+    nodes = [BestEffortNode(n, everyone, port, reporter) for n in mine]
     tasks = [asyncio.create_task(n.link.run()) for n in nodes]
     for n in nodes:
         await n.connected.wait()
@@ -290,13 +358,18 @@ async def best_effort_worker(names: list[str], port: int, reporter: Reporter, rn
     emit(ev="ready")
     await wait_go()
     published = sum(n.link.stats.published for n in nodes)
+    received = sum(n.link.stats.received for n in nodes)
 
     async def node_rounds(node: BestEffortNode) -> None:
         for r in range(ROUNDS):
             await asyncio.gather(*(node.load(f"{node.name}-{r}-{i}", rng) for i in range(REQUESTS)))
 
     await asyncio.gather(*(node_rounds(n) for n in nodes))
-    emit(ev="finished", published=sum(n.link.stats.published for n in nodes) - published)
+    emit(
+        ev="finished",
+        published=sum(n.link.stats.published for n in nodes) - published,
+        received=sum(n.link.stats.received for n in nodes) - received,
+    )
     await wait_go()
     for task in tasks:
         task.cancel()
@@ -305,7 +378,8 @@ async def best_effort_worker(names: list[str], port: int, reporter: Reporter, rn
 
 def worker(args: argparse.Namespace) -> None:
     configure("error", json=True)
-    names = NAMES[args.worker :: WORKERS]
+    everyone = names(args.nodes)
+    mine = everyone[args.worker :: workers_for(args.nodes)]
     rng = random.Random(args.seed * 100 + args.worker)
 
     async def run() -> None:
@@ -313,9 +387,9 @@ def worker(args: argparse.Namespace) -> None:
         await reporter.start()
         try:
             if args.scheme == "nodeguard":
-                await nodeguard_worker(names, args.port, Path(args.state), reporter, rng)
+                await nodeguard_worker(mine, everyone, args.port, Path(args.state), reporter=reporter, rng=rng)
             else:
-                await best_effort_worker(names, args.port, reporter, rng)
+                await best_effort_worker(mine, everyone, args.port, reporter, rng)
         finally:
             await reporter.close()
 
@@ -325,16 +399,65 @@ def worker(args: argparse.Namespace) -> None:
 # --- the parent --------------------------------------------------------------------------------
 
 
-def read_until(stream: IO[str], event: str, sink: list[dict[str, Any]]) -> dict[str, Any]:
-    for line in stream:
-        message = json.loads(line)
-        sink.append(message)
-        if message["ev"] == event:
-            return message
-    raise SystemExit(f"a worker ended before {event!r}")
+class WorkerOutput:
+    """A worker's stdout read by a thread of its own: a worker must never block writing its events (a full pipe
+    would stall its event loop, and its nodes would lose the broker)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.ended = False
+        self.cond = threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            with self.cond:
+                self.events.append(json.loads(line))
+                self.cond.notify_all()
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
+
+    def wait_for(self, event: str, timeout: float = 900.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while True:
+                found = [e for e in self.events if e["ev"] == event]
+                if found:
+                    return found[0]
+                if self.ended or time.monotonic() > deadline:
+                    raise SystemExit(f"a worker ended (or took too long) before {event!r}")
+                self.cond.wait(1.0)
 
 
-def run_scheme(scheme: str, port: int, state: Path, seed: int) -> dict[str, Any]:
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system time of a process (the broker we started), from /proc/<pid>/stat."""
+    if pid is None:
+        return None
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def handoffs(events: list[dict[str, Any]]) -> list[float]:
+    """Milliseconds from a slot freed on one node to its use on another, through one grant or two (the bank)."""
+    donated = {tuple(e["grant"]): e for e in events if e["ev"] == "donated"}
+    out = []
+    for e in events:
+        if e["ev"] != "admitted":
+            continue
+        grant = donated.get(tuple(e["via"]))
+        for _ in range(2):
+            if grant is None or grant["freed_at"] is not None:
+                break
+            grant = donated.get(tuple(grant["via"])) if grant["via"] else None
+        if grant is not None and grant["freed_at"] is not None and grant["node"] != e["node"]:
+            out.append((e["t"] - grant["freed_at"]) * 1000)
+    return out
+
+
+def run_scheme(
+    scheme: str, nodes: int, port: int, state: Path, *, seed: int, auditor: Auditor, broker_pid: int | None
+) -> dict[str, Any]:
     procs = [
         subprocess.Popen(
             [
@@ -350,45 +473,63 @@ def run_scheme(scheme: str, port: int, state: Path, seed: int) -> dict[str, Any]
                 str(state),
                 "--seed",
                 str(seed),
+                "--nodes",
+                str(nodes),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        for w in range(WORKERS)
+        for w in range(workers_for(nodes))
     ]
-    events: list[dict[str, Any]] = []
+    outputs = []
+    for proc in procs:
+        assert proc.stdout is not None
+        outputs.append(WorkerOutput(proc.stdout))
     try:
-        for proc in procs:
-            assert proc.stdout is not None
-            read_until(proc.stdout, "ready", events)
-        time.sleep(0.5)  # everyone has everyone's status
+        for output in outputs:
+            output.wait_for("ready")
+        time.sleep(1.0)  # the census and every node's first messages are out
+        sent_before, own_before = auditor.broker_sent()
+        cpu_before = cpu_seconds(broker_pid)
         started = time.monotonic()
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        published = 0
-        for proc in procs:
-            assert proc.stdout is not None
-            published += read_until(proc.stdout, "finished", events)["published"]
+        published = received = 0
+        counters: Counter[str] = Counter()
+        for output in outputs:
+            finished = output.wait_for("finished")
+            published += finished["published"]
+            received += finished["received"]
+            counters.update(finished.get("counters", {}))
+            counters.update({f"received.{k}": v for k, v in finished.get("kinds", {}).items()})
         elapsed = time.monotonic() - started
+        cpu_after = cpu_seconds(broker_pid)
+        sent_after, own_after = auditor.broker_sent()  # the first count taken after the end
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write("go\n")
             proc.stdin.close()
         for proc in procs:
-            proc.wait(30)
+            proc.wait(60)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    freed = {tuple(e["grant"]): e["freed_at"] for e in events if e["ev"] == "donated"}
-    handoffs = [
-        (e["t"] - freed[tuple(e["via"])]) * 1000 for e in events if e["ev"] == "admitted" and tuple(e["via"]) in freed
-    ]
-    admissions = NODES * REQUESTS * ROUNDS
-    return {"handoffs": handoffs, "messages_per_admission": published / admissions, "seconds": elapsed}
+    events = [e for output in outputs for e in output.events]
+    admissions = nodes * REQUESTS * ROUNDS
+    broker_cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+    return {
+        "handoffs": handoffs(events) if scheme == "nodeguard" else [],
+        "messages_per_admission": published / admissions,
+        "deliveries_per_admission": ((sent_after - sent_before) - (own_after - own_before)) / admissions,
+        "received_per_admission": received / admissions,
+        "broker_cpu_per_admission": None if broker_cpu is None else broker_cpu / admissions,
+        "seconds": elapsed,
+        "counters": dict(counters),
+    }
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -398,12 +539,14 @@ def percentile(values: list[float], p: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=20, help="nodes in the cluster (default 20; up to 200)")
     parser.add_argument("--broker", help="port on 127.0.0.1 of a running broker (default: start mosquitto here)")
     parser.add_argument(
         "--state-dir",
         default="/dev/shm" if os.access("/dev/shm", os.W_OK) else None,
         help="where the nodes' state dirs go (default: /dev/shm, a tmpfs as /run is on most hosts; else the temp dir)",
     )
+    parser.add_argument("--best-effort-max", type=int, default=20, help="run the best-effort count up to this size")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--scheme", help=argparse.SUPPRESS)
@@ -411,8 +554,16 @@ def main() -> None:
     parser.add_argument("--state", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        worker(args)
+        if os.environ.get("BENCH_PROFILE"):  # a worker's profile, to find where the time goes
+            import cProfile
+
+            cProfile.runctx("worker(args)", globals(), {"args": args}, f"{os.environ['BENCH_PROFILE']}.{args.worker}")
+        else:
+            worker(args)
         return
+    if not 2 <= args.nodes <= 1000:
+        raise SystemExit("--nodes: between 2 and 1000")
+    nodes = args.nodes
     workdir = Path(tempfile.mkdtemp(prefix="nodeguard-bench-", dir=args.state_dir))
     broker = None
     try:
@@ -420,40 +571,52 @@ def main() -> None:
             port = int(args.broker.rsplit(":", 1)[-1])
         else:
             broker, port = start_mosquitto(workdir)
+        pid = broker.pid if broker is not None else None
         auditor = Auditor(port)
-        admissions = NODES * REQUESTS * ROUNDS
-        nodeguard = run_scheme("nodeguard", port, workdir, args.seed)
+        admissions = nodes * REQUESTS * ROUNDS
+        nodeguard = run_scheme("nodeguard", nodes, port, workdir, seed=args.seed, auditor=auditor, broker_pid=pid)
+        print("protocol counters:", json.dumps(dict(sorted(nodeguard["counters"].items()))), flush=True)
         nodeguard["max_held"] = auditor.max_held("nodeguard", 2 * admissions)
-        best = run_scheme("besteffort", port, workdir, args.seed)
-        best["max_held"] = auditor.max_held("besteffort", 2 * admissions)
+        best = None
+        if nodes <= args.best_effort_max:
+            best = run_scheme("besteffort", nodes, port, workdir, seed=args.seed, auditor=auditor, broker_pid=pid)
+            best["max_held"] = auditor.max_held("besteffort", 2 * admissions)
         auditor.close()
     finally:
         if broker is not None:
             broker.terminate()
             broker.wait(5)
         shutil.rmtree(workdir, ignore_errors=True)
-    handoffs = nodeguard["handoffs"]
+    handoff = nodeguard["handoffs"]
+    workers = workers_for(nodes)
+    cpu = nodeguard["broker_cpu_per_admission"]
     print(
         f"nodeguard:   max held {nodeguard['max_held']} (cap {CAP}), {admissions} admissions in "
-        f"{nodeguard['seconds']:.2f} s, {len(handoffs)} handoffs between nodes, "
-        f"{nodeguard['messages_per_admission']:.2f} messages/admission"
+        f"{nodeguard['seconds']:.2f} s, {len(handoff)} handoffs between nodes, "
+        f"{nodeguard['messages_per_admission']:.2f} messages and {nodeguard['deliveries_per_admission']:.2f} "
+        f"deliveries per admission (the nodes counted {nodeguard['received_per_admission']:.2f} received)"
+        + ("" if cpu is None else f", broker CPU {cpu * 1000:.3f} ms per admission")
     )
+    if best is not None:
+        print(
+            f"best effort: max held {best['max_held']} (bound cap + nodes = {CAP + nodes}), {admissions} admissions in "
+            f"{best['seconds']:.2f} s, {best['messages_per_admission']:.2f} messages and "
+            f"{best['deliveries_per_admission']:.2f} deliveries per admission"
+        )
     print(
-        f"best effort: max held {best['max_held']} (bound cap + nodes = {CAP + NODES}), {admissions} admissions in "
-        f"{best['seconds']:.2f} s, {best['messages_per_admission']:.2f} messages/admission"
-    )
-    print(
-        f"({NODES} nodes in {WORKERS} processes of {NODES // WORKERS} asyncio nodes, each its own MQTT connection; "
-        f"{os.cpu_count()} CPUs)"
+        f"({nodes} nodes in {workers} processes of about {nodes // workers} asyncio nodes, each its own MQTT "
+        f"connection; {os.cpu_count()} CPUs)"
     )
     result = {
-        "nodes": NODES,
+        "nodes": nodes,
         "cap": CAP,
         "nodeguard_max_held": nodeguard["max_held"],
-        "best_effort_max_held": best["max_held"],
-        "handoff_p50_ms": round(statistics.median(handoffs), 2) if handoffs else None,
-        "handoff_p99_ms": round(percentile(handoffs, 99), 2) if handoffs else None,
+        "best_effort_max_held": None if best is None else best["max_held"],
+        "handoff_p50_ms": round(statistics.median(handoff), 2) if handoff else None,
+        "handoff_p99_ms": round(percentile(handoff, 99), 2) if handoff else None,
         "messages_per_admission": round(nodeguard["messages_per_admission"], 2),
+        "deliveries_per_admission": round(nodeguard["deliveries_per_admission"], 2),
+        "broker_cpu_seconds_per_admission": None if cpu is None else round(cpu, 6),
     }
     print(json.dumps(result))
 

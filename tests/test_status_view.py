@@ -37,3 +37,33 @@ def test_semaphores_show_a_lost_broker_and_why_the_node_does_not_admit() -> None
 def test_no_semaphore_table_without_coordination() -> None:
     """A daemon without coordination shows no semaphore table."""
     assert "cluster semaphores" not in text({"version": "0", "coordination": {"enabled": False}})
+
+
+def test_members_show_their_state_heir_and_allotment() -> None:
+    """The members table lists joined, leaving, left and gone members with their heir and allotment, marks the bank
+    and this node."""
+    status = {
+        "version": "0",
+        "coordination": {
+            "enabled": True,
+            "connected": True,
+            "admitting": True,
+            "node": "b",
+            "bank": "a",
+            "semaphores": {"prepare": {"cap": 4, "allotment": 1, "held": 1, "waiting": 0, "admitted": 3}},
+            "members": {
+                "a": {"state": "joined", "heir": "b", "allotment": {"prepare": 2}, "bank": True},
+                "b": {"state": "joined", "heir": "c", "allotment": {"prepare": 1}},
+                "c": {"state": "leaving", "heir": "a", "allotment": {"prepare": 1}},
+                "d": {"state": "gone", "heir": "a", "allotment": {}},
+            },
+        },
+    }
+    shown = text(status)
+    assert "cluster members (4; bank a)" in shown
+    rows = {line.replace("│", " ").split()[0]: line.replace("│", " ").split() for line in shown.splitlines()
+            if line.replace("│", " ").split()[:1] in (["a"], ["b"], ["c"], ["d"])}  # fmt: skip
+    assert rows["a"] == ["a", "(bank)", "joined", "b", "2"]
+    assert rows["b"] == ["b", "*", "joined", "c", "1"]
+    assert rows["c"] == ["c", "leaving", "a", "1"]
+    assert rows["d"] == ["d", "gone", "a", "0"]

@@ -151,6 +151,7 @@ class MqttLink:
         self.rng = rng or random.Random()
         self.stats = LinkStats()
         self.conn = 0  # counts connections; a reply on an older one proves nothing about this one
+        self.extra: list[str] = []  # subscriptions beyond the fixed ones (the bank's), kept across reconnects
         self._client: _Client | None = None
         self._nonces = itertools.count(1)
         self._barriers: dict[int, asyncio.Future[None]] = {}
@@ -231,12 +232,15 @@ class MqttLink:
         reason = "closed"
         cancelled = False
         try:
-            if self.subscriptions:
+            if self.subscriptions or self.extra:
                 # QoS 0 on purpose: a QoS 1 subscription in a resumed session delivers a backlog queued while
                 # offline, and mosquitto 2.0 can let newer messages (the barrier's echo) overtake it, so a node
                 # could rejoin before reading its own will. QoS 0 keeps nothing offline and goes out in order.
                 options = SubscribeOptions(qos=0)
-                await client.subscribe([(topic, options) for topic in self.subscriptions])
+                extra = SubscribeOptions(qos=0, noLocal=True)
+                await client.subscribe(
+                    [(topic, options) for topic in self.subscriptions] + [(topic, extra) for topic in self.extra]
+                )
             log.info("connected to the MQTT broker", session_present=client.session_present, conn=self.conn)
             self.handler.on_connected(client.session_present)
             async for message in client.messages:
@@ -321,6 +325,23 @@ class MqttLink:
         future = self._barriers.get(nonce)
         if future is not None and not future.done():
             future.set_result(None)
+
+    async def set_extra(self, topics: list[str]) -> None:
+        """Subscribe to ``topics`` beyond the fixed ones (and drop the extra ones not listed), now and on every
+        later connection; with No Local (MQTT v5): this client's own messages on them are not sent back."""
+        old, self.extra = self.extra, list(topics)
+        client = self._client
+        if client is None or old == self.extra:
+            return
+        try:
+            gone = [t for t in old if t not in self.extra]
+            new = [t for t in self.extra if t not in old]
+            if gone:
+                await client.unsubscribe(gone)
+            if new:
+                await client.subscribe([(topic, SubscribeOptions(qos=0, noLocal=True)) for topic in new])
+        except aiomqtt.MqttError as exc:
+            raise LinkDown(str(exc)) from None
 
     async def refresh(self, topic: str, timeout: float) -> None:
         """Have the broker send its retained message on ``topic`` again, and wait until it is handled."""

@@ -12,9 +12,11 @@ The config file holds the ``coordination`` section (or a document with it under
 
 Every event is one JSON line on stdout, with ``t`` = CLOCK_MONOTONIC (shared by
 the processes of one machine): ``hold`` once a load holds its slot, ``free``
-just before it gives it back, ``revoked`` when the node fenced and took it
-back (the load then waits again), ``done`` when a load held for its full time;
-plus ``status`` on request. Logs go to stderr.
+just before it gives it back (also when the process stops: ``cancelled``),
+``revoked`` when the node fenced and took it back (the load then waits again),
+``done`` when a load held for its full time; plus ``status`` on request. On
+SIGTERM the loads end, then the node drains (hands its slots on) and leaves.
+Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -98,9 +100,14 @@ class Driver:
             revoked = self.revoked[load] = asyncio.Event()
             await self.service.acquire(semaphore, load)
             emit("hold", node=self.node, sem=semaphore, load=load)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(revoked.wait(), timeout=hold)
-            raise_if_cancelling()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(revoked.wait(), timeout=hold)
+                raise_if_cancelling()
+            except asyncio.CancelledError:  # stopping: the load ends before its slot goes back
+                emit("free", node=self.node, sem=semaphore, load=load, cancelled=True)
+                self.service.release(semaphore, load)
+                raise
             if not revoked.is_set():
                 break
         emit("free", node=self.node, sem=semaphore, load=load)
@@ -146,9 +153,14 @@ async def main_async(args: argparse.Namespace) -> int:
         if args.burst:
             driver.burst(args.burst, args.hold, args.semaphore or next(iter(settings.semaphores)))
         await stop.wait()
-        for task in [runner, reader, *driver.loads.values()]:
-            if task is not None:
-                task.cancel()
+        # The loads end first (as a gate's do when the daemon stops), then the service drains and leaves.
+        loads = list(driver.loads.values())
+        for task in loads:
+            task.cancel()
+        await asyncio.gather(*loads, return_exceptions=True)
+        runner.cancel()
+        if reader is not None:
+            reader.cancel()
     emit("stopped", node=service.name)
     return 0
 

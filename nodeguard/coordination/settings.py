@@ -64,7 +64,14 @@ class CoordinationSettings(Model):
     enabled: bool = False
     cluster: str = Field("default", description="topics live under nodeguard/<cluster>/")
     node_name: str | None = Field(None, description="this node's name (default: NODE_NAME, else the hostname)")
-    nodes: list[str] = Field([], description="every member node; the same list on every node")
+    seeds: list[str] = Field(
+        [],
+        description="nodes that hold the caps when the cluster starts (default: nodes); any other node joins with "
+        "no slots and gets them by grants",
+    )
+    nodes: list[str] = Field(
+        [], description="optional: the nodes known at the start; without seeds, they are the seeds (older configs)"
+    )
     semaphores: dict[str, Cap] = Field({}, description='cluster-wide caps by name, e.g. {"prepare": 8}')
     will_delay_seconds: int = Field(
         30, ge=2, le=86_400, description="a node silent this long is declared gone and its slots adopted"
@@ -86,7 +93,11 @@ class CoordinationSettings(Model):
             raise ValueError("expected a name of letters, digits, '.', '_', ':' or '-'")
         return value
 
-    @field_validator("nodes")
+    drain_seconds: float = Field(
+        3.0, ge=0, le=60, description="on stop, how long to wait for the heir or bank to take the free slots"
+    )
+
+    @field_validator("nodes", "seeds")
     @classmethod
     def _nodes(cls, value: list[str]) -> list[str]:
         for name in value:
@@ -126,9 +137,13 @@ class CoordinationSettings(Model):
     def _complete(self) -> CoordinationSettings:
         if self.heartbeat_seconds is not None and self.heartbeat_seconds > self.lease_seconds / 2:
             raise ValueError("heartbeatSeconds must be at most half of leaseSeconds")
-        if self.enabled and (not self.nodes or not self.semaphores):
-            raise ValueError("enabled coordination needs nodes and semaphores")
+        if self.enabled and (not self.genesis_seeds or not self.semaphores):
+            raise ValueError("enabled coordination needs seeds (or nodes) and semaphores")
         return self
+
+    @property
+    def genesis_seeds(self) -> list[str]:
+        return self.seeds or self.nodes
 
     @property
     def heartbeat(self) -> float:

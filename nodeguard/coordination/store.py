@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodeguard.coordination.semaphore import Saved
+from nodeguard.coordination.records import Saved
 from nodeguard.coordination.topics import Malformed, decode_ledger, ledger_object
 from nodeguard.log import get_logger
 

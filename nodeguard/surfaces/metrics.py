@@ -8,6 +8,7 @@ daemon's event loop, between ticks.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -191,6 +192,20 @@ class DaemonCollector(Collector):
                          {(name,): float(s.get(field, 0)) for name, s in semaphores.items()})
         yield _counter("nodeguard_semaphore_admissions_total", "Cluster slots granted to loads on this node.",
                        ["semaphore"], {(name,): float(s.get("admitted", 0)) for name, s in semaphores.items()})
+        members = status.get("members") or {}
+        yield _gauge("nodeguard_coordination_members", "Cluster members by state, as the bank's census shows them.",
+                     ["state"], {(str(state),): float(n) for state, n in
+                                 Counter(str(m.get("state")) for m in members.values()).items()})  # fmt: skip
+        yield _gauge("nodeguard_coordination_member_allotment",
+                     "Slots of a cluster semaphore in each member's allotment (the bank's census).",
+                     ["member", "state", "semaphore"],
+                     {(name, str(m.get("state")), sem): float(n)
+                      for name, m in members.items() for sem, n in (m.get("allotment") or {}).items()})  # fmt: skip
+        yield _gauge("nodeguard_coordination_bank", "1 while this node holds the mint (routes slots, changes caps).",
+                     [], {(): 1.0 if status.get("bank") == status.get("node") else 0.0})
+        yield _gauge("nodeguard_semaphore_applied_cap", "Slots in existence (the cap the bank applied).",
+                     ["semaphore"], {(name,): float(s["appliedCap"]) for name, s in semaphores.items()
+                                     if s.get("appliedCap") is not None})  # fmt: skip
         yield _gauge("nodeguard_coordination_admitting", "1 while this node may hand out cluster slots (lease valid).",
                      [], {(): 1.0 if status.get("admitting") else 0.0})
         yield _gauge("nodeguard_mqtt_connected", "1 while connected to the MQTT broker.", [],

@@ -99,7 +99,25 @@ def render(status: dict[str, Any]) -> Group:
         for name, s in sorted(semaphores.items()):
             table.add_row(name, *(_fmt(s.get(key)) for key in ("cap", "allotment", "held", "waiting", "admitted")))
         parts.append(table)
+        parts.append(_members(coordination, sorted(semaphores)))
     return Group(*parts)
+
+
+def _members(coordination: dict[str, Any], semaphores: list[str]) -> Table:
+    """The members as the bank's census shows them: state, heir and allotment per semaphore."""
+    members = coordination.get("members") or {}
+    bank = coordination.get("bank")
+    table = Table(title=f"cluster members ({len(members)}; bank {bank or 'unknown'})", expand=True)
+    for column in ("member", "state", "heir", *semaphores):
+        table.add_column(column)
+    for name, member in sorted(members.items()):
+        allotment = member.get("allotment") or {}
+        label = f"{name} (bank)" if member.get("bank") else name
+        if name == coordination.get("node"):
+            label += " *"
+        table.add_row(label, str(member.get("state")), str(member.get("heir") or "-"),
+                      *(_fmt(allotment.get(sem, 0)) for sem in semaphores))  # fmt: skip
+    return table
 
 
 def _link(coordination: dict[str, Any]) -> str:

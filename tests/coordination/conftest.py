@@ -1,4 +1,4 @@
-"""A real mosquitto per test: own config on a free loopback port, no persistence, stopped by PID."""
+"""A real mosquitto per test: own config on a free loopback port, persistence off (or on), stopped by PID."""
 
 from __future__ import annotations
 
@@ -33,17 +33,21 @@ def wait_listening(port: int, timeout: float = 10.0) -> None:
 
 
 class Broker:
-    def __init__(self, workdir: Path, *, anonymous: bool = True) -> None:
+    def __init__(self, workdir: Path, *, anonymous: bool = True, persistence: bool = False) -> None:
         self.port = free_port()
         self.workdir = workdir
         self.config = workdir / "mosquitto.conf"
         self.log = workdir / "mosquitto.log"
+        # With persistence: retained messages, sessions and pending wills are saved on shutdown and restored.
+        stored = f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
         self.config.write_text(
             f"listener {self.port} 127.0.0.1\n"
             f"allow_anonymous {'true' if anonymous else 'false'}\n"
-            "persistence false\n"
+            f"{stored if persistence else 'persistence false' + chr(10)}"
             "max_queued_messages 100000\n"
             "set_tcp_nodelay true\n"
+            # Started as root, mosquitto drops to its own user, which may not write the test's directory.
+            f"{'user root' + chr(10) if os.geteuid() == 0 else ''}"
             f"log_dest file {self.log}\n"
             "log_type error\nlog_type warning\nlog_type notice\n"
         )

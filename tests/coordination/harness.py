@@ -19,8 +19,17 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from nodeguard.coordination.semaphore import Cluster, Ledger
-from nodeguard.coordination.topics import Malformed, Topics, decode_gone, decode_ledger, decode_status
+from nodeguard.coordination.records import Ledger
+from nodeguard.coordination.topics import (
+    Malformed,
+    Topics,
+    decode_census,
+    decode_gone,
+    decode_inbox,
+    decode_ledger,
+    decode_member,
+    decode_status,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 TIMINGS = {
@@ -30,11 +39,14 @@ TIMINGS = {
 }
 
 
-def coordination_config(port: int, nodes: list[str], semaphores: dict[str, int], state_dir: Path) -> dict[str, Any]:
+def coordination_config(
+    port: int, seeds: list[str], semaphores: dict[str, int], state_dir: Path, **extra: Any
+) -> dict[str, Any]:
     return {
         "enabled": True,
         "cluster": "test",
-        "nodes": nodes,
+        "seeds": seeds,
+        **extra,
         "semaphores": semaphores,
         "stateDir": str(state_dir),
         **TIMINGS,
@@ -106,6 +118,10 @@ class NodeProcess:
     def count(self, event: str) -> int:
         return sum(1 for e in self.snapshot() if e["ev"] == event)
 
+    def wait_started(self, timeout: float = 30.0) -> None:
+        """Until the process runs its event loop (ten interpreters starting at once on two cores take a while)."""
+        wait_until(lambda: self.count("started") >= 1, timeout, f"{self.name} started", detail=self.log_tail)
+
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         before = self.count("status")
         self.send(cmd="status")
@@ -128,7 +144,7 @@ class NodeProcess:
             os.kill(self.proc.pid, signal.SIGTERM)
         if self.proc is not None:
             try:
-                self.proc.wait(5)
+                self.proc.wait(10)  # it drains first: up to drainSeconds (3) and a second for its last record
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGUSR2)  # its tasks' stacks go to its log
                 time.sleep(0.3)
@@ -187,18 +203,20 @@ class LoadAuditor:
 
 
 class WireAuditor:
-    """Subscribed to the broker: checks every message parses and that the allotments on the wire
-    (estates counted once, grants counted until applied) never add up to more than a cap."""
+    """Subscribed to every topic of the cluster: checks every message parses and that the allotments on the wire
+    (estates counted until their named heir adopts them, grants until applied) never add up to more than a cap."""
 
-    def __init__(self, port: int, nodes: list[str], semaphores: dict[str, int]) -> None:
+    def __init__(self, port: int, semaphores: dict[str, int]) -> None:
         self.topics = Topics("test")
-        self.cluster = Cluster(tuple(nodes), semaphores)
+        self.caps = dict(semaphores)
         self.ledgers: dict[str, Ledger] = {}
+        self.known: set[str] = set()  # every node whose ledger was ever seen (a view without one is partial)
         self.kinds: Counter[str] = Counter()
         self.malformed: list[str] = []
         self.max_total: dict[str, int] = dict.fromkeys(semaphores, 0)
         self.violations: list[str] = []
         self.wills: list[str] = []
+        self.members: dict[str, str] = {}
         self.trail: list[str] = []
         self.partial_views = 0
         self.lock = threading.Lock()
@@ -211,6 +229,13 @@ class WireAuditor:
     def close(self) -> None:
         self.client.loop_stop()
         self.client.disconnect()
+
+    def set_caps(self, semaphores: dict[str, int]) -> None:
+        """A reload: the bound is the largest cap configured since the auditor started."""
+        with self.lock:
+            for sem, cap in semaphores.items():
+                self.caps[sem] = max(self.caps.get(sem, 0), cap)
+                self.max_total.setdefault(sem, 0)
 
     def _on_connect(self, client: paho.Client, *_: Any) -> None:
         with self.lock:
@@ -230,24 +255,36 @@ class WireAuditor:
                     ledger = decode_ledger(msg.payload, node)
                     self.trail.append(f"{time.monotonic():.3f} retain={int(msg.retain)} {_brief(ledger)}")
                     old = self.ledgers.get(node)
+                    self.known.add(node)
                     if old is None or ledger.seq > old.seq:
                         self.ledgers[node] = ledger
                         self._check()
                 elif kind == "status":
                     decode_status(msg.payload, node)
+                elif kind == "inbox":
+                    decode_inbox(msg.payload)
+                elif kind == "member":
+                    self.members[node] = decode_member(msg.payload, node).state.value
+                elif kind in ("census", "bank"):
+                    decode_census(msg.payload)
                 elif kind == "gone":
                     self.wills.append(f"{node}@{decode_gone(msg.payload, node).epoch}")
             except Malformed as exc:
                 self.malformed.append(f"{msg.topic}: {exc}")
 
+    def _adopted(self, node: str, ledger: Ledger) -> int:
+        heir = self.ledgers.get(ledger.heir) if ledger.heir and ledger.heir != node else None
+        return heir.adopted.get(node, 0) if heir is not None else 0
+
     def total(self, sem: str) -> int:
         total = 0
         for node, ledger in self.ledgers.items():
-            heir = self.ledgers.get(self.cluster.heir(node))
-            adopted = heir.adopted.get(node, 0) if heir is not None and heir.node != node else 0
-            if ledger.seq > adopted:
+            if ledger.seq > self._adopted(node, ledger):
                 total += ledger.allot.get(sem, 0)
-            total += sum(lost.allot.get(sem, 0) for lost in ledger.lost if lost.seq > adopted)
+            for lost in ledger.lost:
+                heir = self.ledgers.get(lost.heir)
+                if heir is None or heir.adopted.get(node, 0) < lost.seq:
+                    total += lost.allot.get(sem, 0)
             for grant in ledger.grants:
                 recipient = self.ledgers.get(grant.to)
                 if grant.sem == sem and (recipient is None or grant.id not in recipient.applied.get(node, ())):
@@ -259,12 +296,12 @@ class WireAuditor:
         # reconnecting to a restarted broker, before every node republished) a missing recipient's
         # acknowledgement is unknown while the donor's lazily published drop of that grant may lag: the
         # same slot would be counted as in flight and again where the recipient passed it on.
-        if len(self.ledgers) < len(self.cluster.members):
+        if set(self.ledgers) != self.known:
             self.partial_views += 1
             return
-        for sem, cap in self.cluster.caps.items():
+        for sem, cap in self.caps.items():
             total = self.total(sem)
-            self.max_total[sem] = max(self.max_total[sem], total)
+            self.max_total[sem] = max(self.max_total.get(sem, 0), total)
             if total > cap:
                 view = "\n".join(_brief(ledger) for _, ledger in sorted(self.ledgers.items()))
                 trail = "\n".join(self.trail[-40:])
@@ -279,8 +316,9 @@ def _brief(ledger: Ledger) -> str:
     grants = [(g.id % 10000, g.to, g.epoch % 100000, g.n) for g in ledger.grants]
     applied = {d: sorted(i % 10000 for i in ids) for d, ids in ledger.applied.items()}
     return (
-        f"{ledger.node} seq={ledger.seq} epoch={ledger.epoch % 100000} allot={dict(ledger.allot)} grants={grants} "
-        f"applied={applied} adopted={dict(ledger.adopted)} lost={[(x.seq, dict(x.allot)) for x in ledger.lost]}"
+        f"{ledger.node} seq={ledger.seq} epoch={ledger.epoch % 100000} heir={ledger.heir} allot={dict(ledger.allot)} "
+        f"mint={ledger.mint} grants={grants} applied={applied} adopted={dict(ledger.adopted)} "
+        f"lost={[(x.seq, x.heir, dict(x.allot)) for x in ledger.lost]}{' leaving' if ledger.leaving else ''}"
     )
 
 

@@ -1,10 +1,15 @@
 """A simulated broker and cluster for the pure protocol (nodeguard.coordination.semaphore).
 
-The broker keeps retained messages, sessions and pending wills; each connected
-node has a delivery queue the test may deliver from in any order, drop from or
-duplicate. Time is a number the test advances; the only timing rule the model
-enforces is the one the protocol relies on: a will is published no earlier than
-``WILL_DELAY`` after the last packet of the connection, and ``LEASE`` is shorter.
+The broker keeps retained messages (ledgers, membership records, the census, wills),
+sessions and pending wills; each connected node has a delivery queue the test may
+deliver from in any order, drop from or duplicate. Subscriptions are the service's:
+every node its inbox, the wills and the bank record (its own retained ledger is read
+when it connects; the census is only retained); the bank also every other node's ledger and membership record (MQTT v5
+No Local). Time is a number the test advances; the only timing
+rule the model enforces is the one the protocol relies on: a will is published no
+earlier than ``WILL_DELAY`` after the last packet of the connection, and ``LEASE`` is
+shorter. Nodes join (``connect`` of a new name), drain (``drain`` then ``depart``),
+come back with their old state, and have their caps changed (``set_caps``).
 """
 
 from __future__ import annotations
@@ -12,20 +17,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Effects, Gone, Ledger, Node, Saved, Status
+from nodeguard.coordination.records import Census, Copy, Gone, Ledger, Member, Want
+from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Effects, Node, Saved
 
 LEASE = 10.0
 WILL_DELAY = 12.0
 
-Message = Ledger | Status | Gone
+Message = tuple[str, object]  # (kind, payload): ledger, copy, want, member, bank (record), gone
 
 
 @dataclass
 class SimNode:
     name: str
+    cluster: Cluster
     node: Node | None = None  # None: the process is down
     saved: Saved | None = None
     connected: bool = False
+    bank_subscribed: bool = False
     conn_epoch: int = 0
     last_packet: float = 0.0  # when the broker last heard from the current/last connection
     held: dict[str, set[str]] = field(default_factory=dict)
@@ -37,65 +45,150 @@ class Violation(AssertionError):
 
 
 class Sim:
-    def __init__(self, members: list[str], caps: dict[str, int]) -> None:
-        self.cluster = Cluster(tuple(members), caps)
+    def __init__(self, members: list[str], caps: dict[str, int], *, seeds: list[str] | None = None) -> None:
+        self.seeds = tuple(seeds or members)
+        self.caps = dict(caps)
         self.now = 0.0
-        self.nodes = {m: SimNode(m, held={s: set() for s in caps}) for m in members}
-        self.retained: dict[tuple[str, str], Message] = {}
-        self.queues: dict[str, list[Message]] = {m: [] for m in members}
+        self.nodes: dict[str, SimNode] = {}
+        self.retained: dict[tuple[str, str], object] = {}
+        self.queues: dict[str, list[Message]] = {}
         self.sessions: set[str] = set()
         self.wills: dict[str, int] = {}  # node -> epoch of a will that may fire
         self.max_held: dict[str, int] = dict.fromkeys(caps, 0)
+        self.bound: dict[str, int] = dict(caps)  # the largest cap ever configured
         self.admissions = 0
-        self.handoffs: list[float] = []
         self.log: list[str] = []
+        self.departed: set[str] = set()  # drained and stopped: not brought back by settle()
+        self.next_census = 0.0
+        for name in members:
+            self.add(name)
+
+    def add(self, name: str) -> SimNode:
+        """A node the cluster has not seen: it joins when it first connects."""
+        sim = self.nodes.get(name)
+        if sim is None:
+            sim = self.nodes[name] = SimNode(name, Cluster(self.seeds, self.caps), held={s: set() for s in self.caps})
+            self.queues[name] = []
+        return sim
 
     # --- bookkeeping --------------------------------------------------------------------
 
     def _apply(self, sim: SimNode, fx: Effects) -> None:
+        for r in fx.revoked:
+            sim.held.setdefault(r.sem, set()).discard(r.load)
         for a in fx.admitted:
-            assert a.load not in sim.held[a.sem]
+            assert a.load not in sim.held.setdefault(a.sem, set())
             sim.held[a.sem].add(a.load)
             self.admissions += 1
-        for r in fx.revoked:
-            sim.held[r.sem].discard(r.load)
+            self._check_admission(a.sem)
         self.check()
 
-    def check(self) -> None:
-        for sem, cap in self.cluster.caps.items():
-            total = sum(len(s.held[sem]) for s in self.nodes.values())
-            self.max_held[sem] = max(self.max_held[sem], total)
+    def total(self, sem: str) -> int:
+        return sum(len(s.held.get(sem, ())) for s in self.nodes.values())
+
+    def _check_admission(self, sem: str) -> None:
+        """I7: once every live node is configured with the same cap and has heard the bank's applied cap, no
+        admission takes the sum above the configured cap."""
+        live = [s for s in self.nodes.values() if s.node is not None]
+        caps = {s.cluster.caps.get(sem, 0) for s in live}
+        banks = [s.node for s in live if s.node is not None and s.node.is_bank]
+        if not banks:
+            return  # the mint in flight or in an estate: nobody knows the applied cap for sure
+        applied = banks[0].applied_caps().get(sem, 0)
+        heard = all(s.node is not None and s.node.applied_caps().get(sem, 0) == applied for s in live)
+        if len(caps) == 1 and heard:
+            (cap,) = caps
+            total = self.total(sem)
             if total > cap:
-                raise Violation(f"{sem}: {total} held > cap {cap}\n" + "\n".join(self.log[-40:]))
+                raise Violation(f"{sem}: an admission took the sum to {total} > cap {cap}\n" + self.trail())
+
+    def check(self) -> None:
+        for sem in self.caps:
+            total = self.total(sem)
+            self.max_held[sem] = max(self.max_held.get(sem, 0), total)
+            if total > self.bound.get(sem, 0):
+                raise Violation(f"{sem}: {total} held > cap {self.bound.get(sem)}\n" + self.trail())
         for s in self.nodes.values():
             if s.node is None:
                 continue
-            for sem in self.cluster.caps:
-                assert s.held[sem] == s.node.held[sem], (s.name, sem)
+            for sem in s.node.held:
+                assert s.held.get(sem, set()) == s.node.held[sem], (s.name, sem)
                 if s.node.state is not None and not s.node.fenced:
-                    assert len(s.node.held[sem]) <= s.node.state.allot[sem], (s.name, sem)
+                    assert len(s.node.held[sem]) <= s.node.state.allot.get(sem, 0), (s.name, sem)
+
+    def trail(self) -> str:
+        return "\n".join(self.log[-40:])
+
+    # --- the broker ---------------------------------------------------------------------
+
+    def _subscribers(self, kind: str, about: str) -> list[str]:
+        """Connected nodes that receive a message of ``kind`` about node ``about`` (or to it: inbox)."""
+        out = []
+        for name, sim in self.nodes.items():
+            if not sim.connected:
+                continue
+            if (
+                kind in ("gone", "bank")
+                or (kind in ("copy", "want") and name == about)
+                or (kind in ("ledger", "member") and sim.bank_subscribed and name != about)  # No Local
+            ):
+                out.append(name)
+        return out
+
+    def _route(self, kind: str, about: str, payload: object) -> None:
+        for name in self._subscribers(kind, about):
+            self.queues[name].append((kind, payload))
 
     def _deliver_to(self, name: str, msg: Message) -> None:
         sim = self.nodes[name]
         node = sim.node
         assert node is not None
-        if isinstance(msg, Ledger):
-            fx = node.on_ledger(msg, self.now)
-        elif isinstance(msg, Status):
-            fx = node.on_status(msg, self.now)
+        kind, payload = msg
+        if kind == "ledger":
+            assert isinstance(payload, Ledger)
+            fx = node.on_ledger(payload, self.now)
+        elif kind == "copy":
+            assert isinstance(payload, Copy)
+            fx = node.on_copy(payload, payload.ledger.node, self.now)
+        elif kind == "want":
+            assert isinstance(payload, Want)
+            fx = node.on_want(payload, self.now)
+        elif kind == "member":
+            assert isinstance(payload, Member)
+            fx = node.on_member(payload, self.now)
+        elif kind == "bank":
+            assert isinstance(payload, Census)
+            fx = node.on_census(payload, self.now)
         else:
-            fx = node.on_gone(msg, self.now)
+            assert isinstance(payload, Gone)
+            fx = node.on_gone(payload, self.now)
         self._apply(sim, fx)
 
-    def _publish(self, sim: SimNode, kind: str, msg: Message) -> None:
-        self.retained[(kind, sim.name)] = msg
-        for other, q in self.queues.items():
-            if self.nodes[other].connected:
-                q.append(msg)
+    def _sent(self, sim: SimNode) -> None:
+        """A PUBACK: the broker heard from the node, its lease is renewed."""
         sim.last_packet = self.now
         node = sim.node
         assert node is not None
         self._apply(sim, node.lease_renewed(self.now, node.conn, self.now))
+
+    def _publish(self, sim: SimNode, kind: str, about: str, payload: object, *, retain: bool) -> None:
+        if retain:
+            self.retained[(kind, about)] = payload
+        self._route(kind, about, payload)
+        self._sent(sim)
+
+    def _resubscribe(self, sim: SimNode) -> None:
+        """The bank subscribes to every ledger and membership record (and gets the retained ones)."""
+        node = sim.node
+        assert node is not None
+        want = node.is_bank and node.phase.value == "online"
+        if want == sim.bank_subscribed:
+            return
+        sim.bank_subscribed = want
+        if want:
+            for (kind, _), msg in sorted(self.retained.items(), key=lambda kv: kv[0]):
+                if kind in ("ledger", "member"):
+                    self.queues[sim.name].append((kind, msg))
 
     # --- actions ------------------------------------------------------------------------
 
@@ -107,13 +200,12 @@ class Sim:
             if node is None:
                 continue
             if sim.connected and sim.name != stalled:
-                sim.last_packet = self.now
-                self._apply(sim, node.lease_renewed(self.now, node.conn, self.now))
+                self._sent(sim)
             self._apply(sim, node.tick(self.now))
 
     def request(self, name: str, sem: str) -> str | None:
         sim = self.nodes[name]
-        if sim.node is None:
+        if sim.node is None or sem not in sim.node.waiting:
             return None
         sim.loads += 1
         load = f"{name}-{sim.loads}"
@@ -124,11 +216,11 @@ class Sim:
         sim = self.nodes[name]
         if sim.node is None:
             return
-        loads = sorted(sim.held[sem]) or sorted(sim.node.waiting[sem])
+        loads = sorted(sim.held.get(sem, ())) or sorted(sim.node.waiting.get(sem, ()))
         if not loads:
             return
         load = loads[pick % len(loads)]
-        sim.held[sem].discard(load)
+        sim.held.setdefault(sem, set()).discard(load)
         self._apply(sim, sim.node.withdraw(sem, load, self.now))
 
     def persist(self, name: str) -> None:
@@ -137,7 +229,7 @@ class Sim:
             sim.saved = sim.node.snapshot()
 
     def flush(self, name: str) -> None:
-        """What the service's I/O loop does: persist, publish ledger and status, do reads."""
+        """What the service's I/O loop does: persist, publish ledger, copies, demand, membership, census, reads."""
         sim = self.nodes[name]
         node = sim.node
         if node is None:
@@ -154,12 +246,36 @@ class Sim:
             self.deliver_all(name)
             self._apply(sim, node.synced(self.now))
             sim.saved = node.snapshot()
-        if node.may_publish_ledger and sim.saved is not None and (node.wants_ledger or node.ledger_stale):
-            node.wants_ledger = node.ledger_stale = False
-            self._publish(sim, "ledger", sim.saved.ledger(name))
+        online = node.phase.value == "online"
+        saved = sim.saved
+        if node.may_publish_ledger and saved is not None:
+            ledger = saved.ledger(name)
+            if online and (node.wants_ledger or node.ledger_stale):
+                node.wants_ledger = node.ledger_stale = False
+                self._publish(sim, "ledger", name, ledger, retain=True)
+            hint = node.queue_hint() if node.is_bank else {}
+            for peer, ask in sorted(node.take_copies().items()):
+                if peer != name:
+                    forward = node.forward_hint(peer) if node.is_bank else {}
+                    self._publish(sim, "copy", peer, Copy(ledger, ask, hint, forward), retain=False)
+        want = node.take_want(self.now)
+        if want is not None:
+            self._publish(sim, "want", want[0], want[1], retain=False)
+        if node.wants_member and (online or node.leaving):
+            self._publish(sim, "member", name, node.member(), retain=True)
+        if online and node.is_bank and node.wants_census:
+            record = node.take_census(full=False)
+            if record is not None:
+                self._publish(sim, "bank", "", record, retain=True)
+        if online and node.is_bank and node.census_stale and self.now >= self.next_census:
+            self.next_census = self.now + 1.0  # the service's census period; read on demand, nobody subscribes
+            census = node.take_census(full=True)
+            if census is not None:
+                self.retained[("census", "")] = census
         if node.wants_status:
             node.wants_status = False
-            self._publish(sim, "status", node.status())
+            self._sent(sim)
+        self._resubscribe(sim)
         for other in sorted(node.take_reads()):
             retained = self.retained.get(("ledger", other))
             assert retained is None or isinstance(retained, Ledger)
@@ -184,7 +300,7 @@ class Sim:
         sim = self.nodes[name]
         if not sim.connected:
             return
-        sim.connected = False
+        sim.connected = sim.bank_subscribed = False
         self.queues[name].clear()
         self.wills[name] = sim.conn_epoch
         if sim.node is not None:
@@ -199,6 +315,41 @@ class Sim:
         for held in sim.held.values():
             held.clear()
 
+    def drain(self, name: str) -> None:
+        """SIGTERM: the node hands its free slots on (the service then waits for the acknowledgements)."""
+        sim = self.nodes[name]
+        if sim.node is None or sim.node.leaving:
+            return
+        self.log.append(f"{self.now:.1f} drain {name}")
+        self._apply(sim, sim.node.drain(self.now))
+        self.flush(name)
+
+    def depart(self, name: str, *, force: bool = False) -> None:
+        """The drained process stops (``force``: its drain timed out): its held slots are revoked, its membership
+        says so, it leaves with the will."""
+        sim = self.nodes[name]
+        node = sim.node
+        if node is None or not node.leaving or not (node.drained or force):
+            return
+        self.log.append(f"{self.now:.1f} depart {name} drained={node.drained}")
+        if sim.connected:
+            self._publish(sim, "member", name, node.member(), retain=True)
+        self._apply(sim, node.stop(self.now))
+        sim.saved = node.snapshot()
+        self.crash(name)
+        self.departed.add(name)
+
+    def set_caps(self, name: str, caps: dict[str, int]) -> None:
+        """A config reload on one node."""
+        sim = self.nodes[name]
+        sim.cluster = Cluster(self.seeds, caps)
+        for sem, cap in caps.items():
+            self.bound[sem] = max(self.bound.get(sem, 0), cap)
+            self.max_held.setdefault(sem, 0)
+        self.log.append(f"{self.now:.1f} caps {name} {caps}")
+        if sim.node is not None:
+            self._apply(sim, sim.node.reconfigure(sim.cluster, self.now))
+
     def fire_will(self, name: str, *, wait: bool = False) -> bool:
         """Publish the pending will of ``name`` (``wait``: first let time pass until it may)."""
         sim = self.nodes[name]
@@ -212,9 +363,7 @@ class Sim:
         del self.wills[name]
         gone = Gone(name, epoch)
         self.retained[("gone", name)] = gone
-        for other, q in self.queues.items():
-            if self.nodes[other].connected:
-                q.append(gone)
+        self._route("gone", name, gone)
         self.log.append(f"{self.now:.1f} will {name}@{epoch}")
         return True
 
@@ -222,32 +371,38 @@ class Sim:
         if name not in self.wills and not self.nodes[name].connected:
             self.sessions.discard(name)
 
-    def restart_broker(self, *, fire_wills: bool = False) -> None:
-        """The broker restarts without persistence; stopped gracefully, mosquitto first publishes every pending
-        will, which the nodes still connected receive (their own included)."""
+    def restart_broker(self, *, fire_wills: bool = False, persistence: bool = False) -> None:
+        """The broker restarts. Stopped gracefully, mosquitto first publishes every pending will, which the nodes
+        still connected receive (their own included). Without persistence it forgets retained messages, sessions
+        and pending wills; with it, it keeps them (the will delays run on)."""
         if fire_wills:
             wills = [Gone(name, sim.conn_epoch) for name, sim in self.nodes.items() if sim.connected]
             wills += [Gone(name, epoch) for name, epoch in self.wills.items() if not self.nodes[name].connected]
             for name, sim in self.nodes.items():
                 if sim.connected and sim.node is not None:
                     for gone in wills:
-                        self._deliver_to(name, gone)
+                        self._deliver_to(name, ("gone", gone))
             for name in self.nodes:  # what the nodes do before the connections close: publish, read, barriers
                 self.flush(name)
+            for gone in wills:
+                self.retained[("gone", gone.node)] = gone
+                self.wills.pop(gone.node, None)
             self.log.append(f"{self.now:.1f} broker shutdown fired wills {[(g.node, g.epoch) for g in wills]}")
         for name in self.nodes:
             self.disconnect(name)
-        self.retained.clear()
-        self.sessions.clear()
-        self.wills.clear()
-        self.log.append(f"{self.now:.1f} broker restart")
+        if not persistence:
+            self.retained.clear()
+            self.sessions.clear()
+            self.wills.clear()
+        self.log.append(f"{self.now:.1f} broker restart persistence={persistence}")
 
     def connect(self, name: str) -> None:
-        sim = self.nodes[name]
+        sim = self.add(name)
         if sim.connected:
             return
+        self.departed.discard(name)
         if sim.node is None:
-            sim.node = Node(name, self.cluster, sim.saved, lease_seconds=LEASE, status_ttl=1e9)
+            sim.node = Node(name, sim.cluster, sim.saved, lease_seconds=LEASE)
         node = sim.node
         epoch = node.begin_connect(int(self.now * 1000) + 1)
         sim.saved = node.snapshot()  # persisted before connecting
@@ -258,37 +413,45 @@ class Sim:
         self.queues[name] = []
         self.log.append(f"{self.now:.1f} connect {name}@{epoch} session={present}")
         self._apply(sim, node.connected(self.now, present))
-        sim.last_packet = self.now
-        self._apply(sim, node.lease_renewed(self.now, node.conn, self.now))  # the first heartbeat
-        for (kind, _), msg in sorted(self.retained.items(), key=lambda kv: kv[0]):
-            del kind
-            self._deliver_to(name, msg)
+        self._sent(sim)  # the first heartbeat
+        for (kind, about), msg in sorted(self.retained.items(), key=lambda kv: kv[0]):
+            if kind in ("gone", "bank") or (kind == "ledger" and about == name):
+                self._deliver_to(name, (kind, msg))
         self._apply(sim, node.synced(self.now))
 
     def pump(self) -> None:
         """One round of every connected node publishing and every queue delivered in order."""
-        for name in self.nodes:
+        for name in list(self.nodes):
             self.flush(name)
-        for name in self.nodes:
+        for name in list(self.nodes):
             self.deliver_all(name)
 
     # --- driving to quiescence ----------------------------------------------------------------
 
-    def settle(self, rounds: int = 30) -> None:
+    def settle(self, rounds: int = 60, *, connect: bool = True) -> None:
         """Everyone connected and alive, every message delivered in order, until nothing moves (time passes
-        only for the heirs' will grace)."""
+        for the heirs' will grace and the retries)."""
+        idle = 0
         for _ in range(rounds):
-            for name in self.nodes:
-                self.connect(name)
-            for name in self.nodes:
+            if connect:
+                for name in self.nodes:
+                    if name not in self.departed:
+                        self.connect(name)
+            for name in list(self.nodes):
                 self.flush(name)
             moved = False
             for name, q in self.queues.items():
-                while q:
+                while q and self.nodes[name].node is not None:
                     moved = True
                     self._deliver_to(name, q.pop(0))
-            if not moved:
-                due = [s.node.next_read_at for s in self.nodes.values() if s.node is not None]
-                if min(due, default=math.inf) == math.inf:
-                    return
+            if moved:
+                idle = 0
+                continue
+            idle += 1
+            due = [s.node.next_read_at for s in self.nodes.values() if s.node is not None]
+            if min(due, default=math.inf) < math.inf:
                 self.advance(WILL_GRACE)
+            elif idle <= 3:
+                self.advance(1.0)  # retries, pending acknowledgements
+            else:
+                return

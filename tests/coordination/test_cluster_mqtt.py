@@ -1,4 +1,6 @@
-"""Ten node processes against a real mosquitto: the cap holds through bursts, kills, broker restarts and cuts."""
+"""Ten node processes against a real mosquitto: the cap holds through bursts, kills, broker restarts and cuts.
+
+The first three nodes are the seeds (they hold the cap at genesis); the others join with nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from nodeguard.coordination.semaphore import Cluster as SemCluster
 from tests.coordination.conftest import Broker
 from tests.coordination.harness import (
     TIMINGS,
@@ -26,6 +27,7 @@ from tests.coordination.harness import (
 CAP = 4
 SEM = "prepare"
 NODES = [f"n{i}" for i in range(10)]
+SEEDS = NODES[:3]
 WILL = float(TIMINGS["willDelaySeconds"])
 
 
@@ -33,11 +35,11 @@ class Cluster:
     def __init__(self, broker: Broker, workdir: Path, *, proxied: str | None = None) -> None:
         self.broker = broker
         self.proxy = CuttableProxy(broker.port) if proxied else None
-        self.wire = WireAuditor(broker.port, NODES, {SEM: CAP})
+        self.wire = WireAuditor(broker.port, {SEM: CAP})
         self.nodes: dict[str, NodeProcess] = {}
         for name in NODES:
             port = self.proxy.port if self.proxy is not None and name == proxied else broker.port
-            config = coordination_config(port, NODES, {SEM: CAP}, workdir / "state" / name)
+            config = coordination_config(port, SEEDS, {SEM: CAP}, workdir / "state" / name)
             self.nodes[name] = NodeProcess(name, config, workdir).start()
         self.loads = LoadAuditor(list(self.nodes.values()))
 
@@ -47,6 +49,7 @@ class Cluster:
     def wait_admitting(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
         for name in names or NODES:
             node = self.nodes[name]
+            node.wait_started()
             wait_until(
                 lambda node=node: node.status()["admitting"], timeout, f"{node.name} admitting", detail=self.logs
             )
@@ -100,11 +103,12 @@ def test_bursts_never_exceed_the_cap_and_every_load_runs(cluster: Cluster) -> No
 
 def test_killed_node_slots_come_back_after_its_will_and_it_rejoins_without_them(cluster: Cluster) -> None:
     """SIGKILL a node holding slots: after its will its heir adopts them; restarted, it reads that before admitting."""
-    victim, heir = cluster.nodes["n3"], cluster.nodes["n4"]
+    victim = cluster.nodes["n3"]
     victim.burst(CAP, 30.0, SEM)  # holds whatever it can get, for long
     wait_until(lambda: victim.count("hold") >= 1, 10, "the victim holds a slot", detail=cluster.logs)
     time.sleep(0.3)
-    held_by_victim = victim.status()["semaphores"][SEM]["held"]
+    status = victim.status()
+    held_by_victim, heir = status["semaphores"][SEM]["held"], cluster.nodes[status["heir"]]
     victim.kill()
     wait_until(lambda: any(w.startswith("n3@") for w in cluster.wire.wills), WILL + 5, "n3's will", detail=cluster.logs)
     wait_until(lambda: heir.status()["counters"].get("adoptions", 0) >= 1, 5, "the heir adopting", detail=cluster.logs)
@@ -188,10 +192,11 @@ def test_wills_fired_by_a_broker_shutdown_are_not_acted_on(cluster: Cluster) -> 
 def test_cut_off_node_fences_and_the_cap_holds(cluster: Cluster) -> None:
     """A node cut off from the broker revokes its slots before its heir adopts them, and rejoins after."""
     assert cluster.proxy is not None
-    cut, heir = cluster.nodes["n5"], cluster.nodes["n6"]
+    cut = cluster.nodes["n5"]
     cut.burst(CAP, 4.0, SEM)  # still holding when its lease runs out
     wait_until(lambda: cut.count("hold") >= 1, 10, "the cut node holding", detail=cluster.logs)
     time.sleep(0.3)
+    heir = cluster.nodes[cut.status()["heir"]]
     cluster.proxy.cut()
     wait_until(lambda: cut.count("revoked") >= 1, TIMINGS["leaseSeconds"] + 3, "revocation", detail=cluster.logs)
     wait_until(lambda: heir.status()["counters"].get("adoptions", 0) >= 1, WILL + 5, "adoption", detail=cluster.logs)
@@ -208,34 +213,31 @@ def test_cut_off_node_fences_and_the_cap_holds(cluster: Cluster) -> None:
 
 def test_malformed_foreign_and_duplicated_messages_are_ignored_and_counted(broker: Broker, tmp_path: Path) -> None:
     """Garbage, an unknown version, a forged grant for an unknown semaphore and a grant sent ten times do no harm."""
-    names = ["a", "b", "c"]
-    node = NodeProcess("a", coordination_config(broker.port, names, {SEM: 2}, tmp_path / "state"), tmp_path).start()
+    node = NodeProcess("a", coordination_config(broker.port, ["a"], {SEM: 2}, tmp_path / "state"), tmp_path).start()
     try:
         wait_until(lambda: node.count("started") == 1, 10, "start")
         wait_until(lambda: node.status()["admitting"], 10, "admitting", detail=node.log_tail)
         status = node.status()
         epoch, before = status["epoch"], status["semaphores"][SEM]["allotment"]
-        fp = dict(SemCluster(tuple(names), {SEM: 2}).fps)
         client = paho.Client(CallbackAPIVersion.VERSION2, client_id="forger", protocol=paho.MQTTv5)
         client.connect("127.0.0.1", broker.port)
         client.loop_start()
 
-        def ledger(seq: int, grants: list[dict[str, object]]) -> bytes:
+        def copy(seq: int, grants: list[dict[str, object]]) -> bytes:
+            ledger = {"v": 2, "kind": "ledger", "node": "c", "seq": seq, "epoch": 1, "heir": "c", "allot": {SEM: 0},
+                      "grants": grants, "applied": {}, "adopted": {}, "lost": []}  # fmt: skip
             return json.dumps(
-                {"v": 1, "kind": "ledger", "node": "c", "seq": seq, "epoch": 1, "fps": fp, "allot": {SEM: 0},
-                 "grants": grants, "applied": {}, "adopted": {}, "lost": []}
-            ).encode()  # fmt: skip
+                {"v": 2, "kind": "copy", "node": "c", "ask": False, "queue": {}, "ledger": ledger}
+            ).encode()
 
+        inbox = "nodeguard/test/inbox/a"
         publish = [
-            ("nodeguard/test/status/b", b"\xff not json"),
-            ("nodeguard/test/ledger/b", json.dumps({"v": 2, "kind": "ledger", "node": "b"}).encode()),
-            (
-                "nodeguard/test/ledger/c",
-                ledger(5, [{"id": 1, "sem": "nope", "to": "a", "epoch": epoch, "n": 9, "seq": 5}]),
-            ),
+            (inbox, b"\xff not json"),
+            (inbox, json.dumps({"v": 1, "kind": "copy", "node": "b"}).encode()),
+            (inbox, copy(5, [{"id": 1, "sem": "nope", "to": "a", "epoch": epoch, "n": 9, "seq": 5}])),
         ]
         grant = {"id": 2, "sem": SEM, "to": "a", "epoch": epoch, "n": 1, "seq": 6}
-        publish += [("nodeguard/test/ledger/c", ledger(6 + i, [grant])) for i in range(10)]
+        publish += [(inbox, copy(6 + i, [grant])) for i in range(10)]
         for topic, payload in publish:
             client.publish(topic, payload, qos=1).wait_for_publish(5)
         client.loop_stop()
@@ -255,3 +257,65 @@ def test_malformed_foreign_and_duplicated_messages_are_ignored_and_counted(broke
         wait_until(lambda: node.count("done") == 3, 10, "loads", detail=node.log_tail)
     finally:
         node.stop()
+
+
+def test_a_persistent_broker_restart_keeps_retained_state_and_wills(tmp_path: Path) -> None:
+    """With persistence on, a broker stopped and started again still has every retained ledger (a dead node's too),
+    and the will of a node killed before the restart still lets its heir adopt its slots: every slot comes back,
+    and the cap holds throughout."""
+    broker = Broker(tmp_path, persistence=True)
+    broker.start()
+    names = ["p0", "p1", "p2", "p3"]
+    wire = WireAuditor(broker.port, {SEM: 2})
+    nodes = {
+        name: NodeProcess(name, coordination_config(broker.port, ["p0"], {SEM: 2}, tmp_path / "state" / name),
+                          tmp_path).start()
+        for name in names
+    }  # fmt: skip
+
+    def logs() -> str:
+        return "\n".join(n.log_tail(15) for n in nodes.values())
+
+    try:
+        for node in nodes.values():
+            node.wait_started()
+            wait_until(lambda node=node: node.status()["admitting"], 20, f"{node.name} admitting", detail=logs)
+        victim = nodes["p3"]
+        victim.burst(1, 60.0, SEM)
+        wait_until(lambda: victim.count("hold") == 1, 10, "the victim holding", detail=logs)
+        victim.kill()  # its will is pending (will delay) when the broker goes down
+        broker.stop()
+        broker.start()  # same port, same database
+        probe = paho.Client(CallbackAPIVersion.VERSION2, client_id="probe", protocol=paho.MQTTv5)
+        retained: set[str] = set()
+        probe.on_message = lambda c, u, msg: retained.add(msg.topic) if msg.retain else None
+        probe.connect("127.0.0.1", broker.port)
+        probe.subscribe("nodeguard/test/ledger/+", qos=0)
+        probe.loop_start()
+        try:
+            wait_until(lambda: "nodeguard/test/ledger/p3" in retained, 10, "the dead node's retained ledger")
+        finally:
+            probe.loop_stop()
+            probe.disconnect()
+        live = [nodes[n] for n in names[:3]]
+
+        def accounted() -> bool:  # the victim's slot adopted by its heir: every slot in a live allotment
+            sems = [n.status()["semaphores"][SEM] for n in live]
+            return sum(s["allotment"] for s in sems) == 2 and not any(s["grantsOut"] for s in sems)
+
+        wait_until(accounted, WILL + 20, "every slot back in live allotments", detail=logs)
+        assert sum(n.status()["counters"].get("adoptions", 0) for n in live) >= 1
+        after = time.monotonic()
+        for node in live:
+            node.burst(2, 0.3, SEM)
+        loads = LoadAuditor(live)
+        wait_until(lambda: len(loads.done(SEM)) == 6, 20, "six loads done", detail=logs)
+        assert loads.max_held(SEM) <= 2 and loads.max_held(SEM, since=after) == 2
+        assert not wire.violations and not wire.malformed, (wire.violations[:1], wire.malformed[:1])
+    finally:
+        for node in nodes.values():
+            node.terminate()
+        for node in nodes.values():
+            node.stop()
+        wire.close()
+        broker.stop()

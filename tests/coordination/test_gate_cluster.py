@@ -31,7 +31,7 @@ class ClusterGates:
 
     def __init__(self, broker: Broker, tmp: Path) -> None:
         self.proxy = CuttableProxy(broker.port)
-        self.wire = WireAuditor(broker.port, NODES, {"prepare": CAP})  # an independent subscriber to the broker
+        self.wire = WireAuditor(broker.port, {"prepare": CAP})  # an independent subscriber to the broker
         self.gates: dict[str, Gate] = {}
         self.http: dict[str, str] = {}
         for name in NODES:
@@ -39,7 +39,7 @@ class ClusterGates:
             (home / "run").mkdir(parents=True)
             gate = Gate(home, {"maxStarting": 8, "maxStartingPerCore": None})  # the cluster cap is what binds
             port = self.proxy.port if name == CUT else broker.port
-            coordination = coordination_config(port, NODES, {"prepare": CAP}, home / "state")
+            coordination = coordination_config(port, [FIRST], {"prepare": CAP}, home / "state")
             self.http[name] = f"127.0.0.1:{free_port()}"
             gate.config["global"]["coordination"] = {**coordination, "nodeName": name}
             gate.config["global"]["http"] = {"listen": self.http[name]}
@@ -111,8 +111,22 @@ def test_servers_on_ten_nodes_never_start_more_than_the_cluster_cap(cluster: Clu
     assert sum(cluster.coordination(n)["semaphores"]["prepare"]["allotment"] for n in NODES) == CAP
 
     # The operator's view of the same: metrics, and the terminal status.
-    with urllib.request.urlopen(f"http://{cluster.http[FIRST]}/metrics", timeout=5) as response:
-        metrics = response.read().decode()
+    def metrics_text() -> str:
+        with urllib.request.urlopen(f"http://{cluster.http[FIRST]}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+    def allotments(metrics: str) -> list[tuple[str, str]]:
+        return re.findall(r'nodeguard_coordination_member_allotment\{member="(\w+)",semaphore="prepare",'
+                          r'state="joined"\} ([0-9.]+)', metrics)  # fmt: skip
+
+    def census_settled() -> bool:  # the bank's census, once a heartbeat: all ten, every slot in some allotment
+        seen = allotments(metrics_text())
+        return len(seen) == len(NODES) and sum(float(n) for _, n in seen) == CAP
+
+    wait_until(census_settled, 10, "the census: ten members holding the cap")
+    metrics = metrics_text()
+    assert 'nodeguard_coordination_members{state="joined"} 10.0' in metrics
+    assert "nodeguard_coordination_bank 1.0" in metrics  # the seed holds the mint
     assert f'nodeguard_semaphore_admissions_total{{semaphore="prepare"}} {LOADS_PER_NODE}.0' in metrics
     assert f'nodeguard_semaphore_cap{{semaphore="prepare"}} {CAP}.0' in metrics
     assert 'nodeguard_semaphore_held{semaphore="prepare"} 0.0' in metrics
@@ -124,6 +138,9 @@ def test_servers_on_ten_nodes_never_start_more_than_the_cluster_cap(cluster: Clu
     )  # fmt: skip
     assert view.returncode == 0, view.stderr
     assert "cluster semaphores (connected, admitting)" in view.stdout
+    assert f"cluster members ({len(NODES)}; bank {FIRST})" in view.stdout
+    member_rows = [line for line in view.stdout.splitlines() if re.search(r"node\d", line) and "joined" in line]
+    assert len(member_rows) == len(NODES), view.stdout
     row = next(line for line in view.stdout.splitlines() if "prepare" in line)
     cells = [cell.strip() for cell in re.split(r"[│┃|]", row) if cell.strip()]
     # cap, allotment, held, waiting, admitted

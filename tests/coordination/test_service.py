@@ -23,6 +23,7 @@ SEM = "prepare"
 
 
 def settings(port: int, tmp_path: Path, **broker: Any) -> CoordinationSettings:
+    """A one-seed cluster ("solo" holds the cap at genesis)."""
     config = coordination_config(port, ["solo"], {SEM: 1}, tmp_path / "state")
     config["broker"].update(broker)
     return CoordinationSettings.model_validate(config)
@@ -131,10 +132,40 @@ def test_runner_exits_with_the_setting_named(tmp_path: Path) -> None:
     assert "coordination.broker.tls.caFile" in result.stderr
 
 
-def test_node_not_in_the_member_list_is_refused(tmp_path: Path) -> None:
-    """A node missing from coordination.nodes cannot take part, and says so."""
-    with pytest.raises(CoordinationError, match=r"coordination\.nodes"):
-        CoordinationService(settings(1883, tmp_path), "stranger")
+async def test_a_node_not_in_any_list_joins_and_is_served(broker: Broker, tmp_path: Path) -> None:
+    """A node named nowhere in the config joins a running cluster with no slots and gets one from the seed's bank."""
+    seed = CoordinationService(settings(broker.port, tmp_path / "seed"), "solo")
+    async with running(seed):
+        stranger = CoordinationService(settings(broker.port, tmp_path / "stranger"), "stranger")
+        async with running(stranger):
+            assert stranger.status()["semaphores"][SEM]["allotment"] == 0
+            await asyncio.wait_for(stranger.acquire(SEM, "x"), 10)
+            status = stranger.status()
+            assert status["semaphores"][SEM] | {"allotment": 1, "held": 1} == status["semaphores"][SEM]
+            assert status["bank"] == "solo"
+            stranger.release(SEM, "x")
+
+
+async def test_caps_change_live_on_reload(broker: Broker, tmp_path: Path) -> None:
+    """A reload that raises the cap adds slots at once; one that lowers it retires them without revoking a holder."""
+    async with running(CoordinationService(settings(broker.port, tmp_path), "solo")) as service:
+        await asyncio.wait_for(service.acquire(SEM, "first"), 5)
+        raised = settings(broker.port, tmp_path).model_copy(update={"semaphores": {SEM: 3}})
+        service.reconfigure(raised)
+        await asyncio.wait_for(asyncio.gather(service.acquire(SEM, "second"), service.acquire(SEM, "third")), 5)
+        assert service.status()["semaphores"][SEM]["held"] == 3
+        service.reconfigure(raised.model_copy(update={"semaphores": {SEM: 1}}))
+        assert service.status()["semaphores"][SEM]["held"] == 3  # nothing revoked
+        waiting = asyncio.create_task(service.acquire(SEM, "fourth"))
+        await asyncio.sleep(0)  # it asks
+        service.release(SEM, "first")
+        service.release(SEM, "second")  # releases settle at once (this node is the bank)
+        status = service.status()["semaphores"][SEM]
+        assert (status["held"], status["waiting"], status["allotment"]) == (1, 1, 1)  # two retired, none admitted
+        service.release(SEM, "third")
+        await asyncio.wait_for(waiting, 5)
+        status = service.status()["semaphores"][SEM]
+        assert status["held"] == 1 and status["allotment"] == 1 and status["appliedCap"] == 1
 
 
 def test_a_connection_closed_before_connack_fails_at_once_not_after_the_connect_timeout() -> None:

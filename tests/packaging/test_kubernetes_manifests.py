@@ -242,3 +242,23 @@ def test_memory_limit_covers_every_gate_client_that_does_not_read() -> None:
     limit = parse_kube_quantity(daemonset_container()["resources"]["limits"]["memory"])
     clients = node_settings().gate.max_connections * CLIENT_MEMORY
     assert 64 * 2**20 + clients <= limit, (limit, clients)
+
+
+def test_one_configmap_serves_every_node_of_a_coordinating_cluster() -> None:
+    """The ConfigMap's coordination section has seeds and no member list, so any node, also one added later,
+    joins with it; turned on, it validates, and its password file is where the DaemonSet mounts the Secret."""
+    import json
+
+    from nodeguard.coordination.settings import CoordinationSettings
+
+    raw = json.loads(embedded_config_text())["global"]["coordination"]
+    assert raw["seeds"] and "nodes" not in raw
+    settings = CoordinationSettings.model_validate({**raw, "enabled": True})
+    assert settings.genesis_seeds == raw["seeds"] and settings.drain_seconds > 0
+    for name in ("node-1", "a-node-added-next-year"):
+        assert node_settings({"kubernetes.io/hostname": name}).coordination.seeds == raw["seeds"]
+    password = Path(settings.broker.password_file or "")
+    volume = mounts()[str(password.parent)]
+    assert volume["secret"]["optional"] is True
+    grace = one("DaemonSet")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > settings.drain_seconds + 5  # room to drain before the kubelet kills it
