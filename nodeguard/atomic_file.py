@@ -30,10 +30,22 @@ class UnsafeFile(NodeguardError):
         self.reason = reason
 
 
-def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
+def boot_id() -> str | None:
+    """The kernel's boot id: a state file that records it is known to be of this boot (None where unknown)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def write_atomic(path: str, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
     """Write to a new temporary file beside ``path``, fsync, rename over it, fsync the directory.
 
-    A crash leaves either the old file or the new one, never a mix.
+    A crash leaves either the old file or the new one, never a mix. ``durable``
+    False skips the fsyncs: the file survives a crash of the process (the page
+    cache holds it), not one of the machine; for state that records the boot id
+    and is distrusted after a reboot anyway.
     """
     directory = os.path.dirname(path) or "."
     fd, tmp = _create_temporary(directory, os.path.basename(path), mode)
@@ -43,7 +55,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -51,6 +64,8 @@ def write_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(dir_fd)

@@ -27,8 +27,10 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
+from nodeguard.backoff import doubling
 from nodeguard.coordination.settings import BrokerSettings
 from nodeguard.coordination.topics import Malformed, decode_sync, encode_sync
+from nodeguard.errors import NodeguardError
 from nodeguard.log import RateLimiter, get_logger
 
 log = get_logger("nodeguard.coordination.mqtt")
@@ -36,7 +38,7 @@ log = get_logger("nodeguard.coordination.mqtt")
 AUTH_CODES = {0x04, 0x05, 0x86, 0x87, 0x8C}  # v3 bad credentials / not authorised, v5 the same and bad method
 
 
-class LinkDown(Exception):
+class LinkDown(NodeguardError):
     """Not connected, or the connection broke during the call."""
 
 
@@ -123,8 +125,8 @@ def raise_if_cancelling() -> None:
 
 
 def backoff(attempt: int, low: float, high: float, rng: random.Random) -> float:
-    """Exponential with "equal jitter": half fixed, half random, capped."""
-    ceiling = min(high, low * 2.0 ** min(attempt, 30))
+    """Exponential with "equal jitter": half fixed, half random, capped (``attempt`` 0 is the first retry)."""
+    ceiling = doubling(low, high, attempt + 1)
     return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
 
 

@@ -36,7 +36,7 @@ class Lost:
 
 
 @dataclass(frozen=True)
-class Ledger:
+class SlotLedger:
     """A node's committed protocol state (retained at ``ledger/<node>``, copies to peers' inboxes)."""
 
     node: str
@@ -57,7 +57,7 @@ class Copy:
     """A ledger sent to one peer's inbox; ``ask``: answer with yours; ``queue``: how many nodes wait at the bank;
     ``forward``: the bank's word to a holder: the next slot it frees goes straight to this node (and epoch)."""
 
-    ledger: Ledger
+    ledger: SlotLedger
     ask: bool = False
     queue: Mapping[str, int] = field(default_factory=dict)
     forward: Mapping[str, tuple[str, int]] = field(default_factory=dict)  # the bank: whom to pass a freed slot to
@@ -125,7 +125,7 @@ class SemStatus:
 
 
 @dataclass(frozen=True)
-class Status:
+class NodeStatus:
     """The heartbeat (retained with a Message Expiry at ``status/<node>``): for people and tools."""
 
     node: str
@@ -168,7 +168,7 @@ class Saved:
     leaving: bool = False  # this process is draining (a new process starts as a member again)
 
     @classmethod
-    def from_ledger(cls, ledger: Ledger, *, epoch: int, next_grant: int, **extra: Any) -> Saved:
+    def from_ledger(cls, ledger: SlotLedger, *, epoch: int, next_grant: int, **extra: Any) -> Saved:
         """A state continuing from ``ledger`` (this node's own, read back from the broker or the state file)."""
         return cls(
             seq=ledger.seq,
@@ -203,8 +203,8 @@ class Saved:
             leaving=self.leaving,
         )
 
-    def ledger(self, node: str) -> Ledger:
-        return Ledger(
+    def ledger(self, node: str) -> SlotLedger:
+        return SlotLedger(
             node=node,
             seq=self.seq,
             epoch=self.epoch,

@@ -2,7 +2,7 @@
 
 The specification, its numbered invariants (I1 ...) and the proof that the cap
 holds are in docs/coordination-protocol.md; comments here cite them. Every
-node runs a :class:`Node`; the service (service.py) feeds it messages,
+node runs a :class:`ProtocolNode`; the service (service.py) feeds it messages,
 connection events and the clock, and carries out what it asks for (persist,
 publish, send copies, read retained ledgers). Nothing here touches the network,
 the disk or the clock, so tests drive it through any interleaving
@@ -25,14 +25,14 @@ from nodeguard.coordination.records import (
     Copy,
     Gone,
     Grant,
-    Ledger,
     Lost,
     Member,
     MemberState,
     MemberView,
+    NodeStatus,
     Saved,
     SemStatus,
-    Status,
+    SlotLedger,
     Want,
 )
 
@@ -129,11 +129,11 @@ class Phase(StrEnum):
 
 
 @dataclass
-class Peer:
+class PeerState:
     """What this node knows of another node (or itself)."""
 
-    ledger: Ledger | None = None  # the highest seq seen
-    latest: Ledger | None = None  # the last one received, and on which connection: the broker's copy
+    ledger: SlotLedger | None = None  # the highest seq seen
+    latest: SlotLedger | None = None  # the last one received, and on which connection: the broker's copy
     latest_conn: int = -1
     copy_conn: int = -1  # the connection on which a copy from it last arrived
     gone: int = -1  # newest will epoch seen
@@ -143,7 +143,7 @@ class Peer:
     member: Member | None = None  # its membership record (the bank reads them)
 
 
-class Node:
+class ProtocolNode:
     """One node's side of the protocol."""
 
     def __init__(
@@ -171,7 +171,7 @@ class Node:
         self.conn = 0
         self.session_present = False
         self._question_before = False
-        self.peers: dict[str, Peer] = {}
+        self.peers: dict[str, PeerState] = {}
         self.census: Census | None = None  # the bank record (subscribed)
         self.full_census: Census | None = None  # the last census read (status)
         self.waiting: dict[str, dict[str, None]] = {s: {} for s in cluster.caps}
@@ -377,7 +377,7 @@ class Node:
 
     # --- messages ---------------------------------------------------------------------
 
-    def on_ledger(self, ledger: Ledger, now: float) -> Effects:
+    def on_ledger(self, ledger: SlotLedger, now: float) -> Effects:
         """A retained ledger: this node's own (at sync), or any node's (the bank subscribes to all)."""
         return self._ledger_in(ledger, now, None)
 
@@ -388,7 +388,7 @@ class Node:
             return self._take()
         return self._ledger_in(copy.ledger, now, copy)
 
-    def _ledger_in(self, ledger: Ledger, now: float, copy: Copy | None) -> Effects:
+    def _ledger_in(self, ledger: SlotLedger, now: float, copy: Copy | None) -> Effects:
         peer = self._peer(ledger.node)
         if copy is None:
             peer.latest, peer.latest_conn = ledger, self.conn
@@ -577,7 +577,7 @@ class Node:
         reads, self._reads = self._reads, set()
         return reads
 
-    def read_done(self, node: str, ledger: Ledger | None, conn: int, now: float) -> Effects:
+    def read_done(self, node: str, ledger: SlotLedger | None, conn: int, now: float) -> Effects:
         """The broker's retained ledger of ``node`` (``None``: it has none), read on ``conn``."""
         if conn != self.conn or self.phase is not Phase.ONLINE:
             return self._take()  # read again after the next sync
@@ -697,10 +697,10 @@ class Node:
             self.full_census = census
         return census
 
-    def status(self, version: str = "", wall_ms: int = 0) -> Status:
+    def status(self, version: str = "", wall_ms: int = 0) -> NodeStatus:
         st = self.state
         self.status_seq += 1
-        return Status(
+        return NodeStatus(
             node=self.name,
             epoch=self.epoch,
             seq=self.status_seq,
@@ -722,10 +722,10 @@ class Node:
 
     # --- internals: rejoin --------------------------------------------------------------
 
-    def _peer(self, node: str) -> Peer:
+    def _peer(self, node: str) -> PeerState:
         peer = self.peers.get(node)
         if peer is None:
-            peer = self.peers[node] = Peer()
+            peer = self.peers[node] = PeerState()
         return peer
 
     def _has_estate(self) -> bool:
@@ -738,7 +738,7 @@ class Node:
             saved.allot.setdefault(sem, 0)
         return saved
 
-    def _recover(self, own: Ledger | None) -> Saved:
+    def _recover(self, own: SlotLedger | None) -> Saved:
         """No persisted state: continue from this node's retained ledger; else a seed starts from its genesis
         share and any other node from nothing (I11)."""
         self.wants_persist = True
@@ -753,7 +753,7 @@ class Node:
         saved = Saved.from_ledger(own, epoch=self.epoch, next_grant=next_grant, published=True)
         return self._adapt(saved)
 
-    def _rollback_exact(self, own: Ledger) -> None:
+    def _rollback_exact(self, own: SlotLedger) -> None:
         """Declared gone: the heir takes ``own`` (the retained ledger); continue from it, empty (I9)."""
         st = self._st
         st.allot = dict.fromkeys(st.allot, 0)
@@ -956,7 +956,7 @@ class Node:
             # the wills of live nodes and then drops every connection, so such wills are never acted on (I9).
             self._due_reads.setdefault(node, now + self.will_grace)
 
-    def _estate(self, node: str, final: Ledger, gone_epoch: int) -> None:
+    def _estate(self, node: str, final: SlotLedger, gone_epoch: int) -> None:
         """``node``'s will for ``gone_epoch`` is out and ``final`` is its last ledger (I8)."""
         st = self._st
         peer = self._peer(node)
@@ -1281,7 +1281,7 @@ class Node:
         others = any(node != self.name for node in queue)
         self._tell_holders(sem, others)
 
-    def _track_holder(self, ledger: Ledger) -> None:
+    def _track_holder(self, ledger: SlotLedger) -> None:
         """The bank, on a node's newer ledger: who holds slots, and whether a promised slot went where promised."""
         node = ledger.node
         newest = max([self._newest_grant.get(node, 0), *(g.id for g in ledger.grants)])
@@ -1374,7 +1374,7 @@ class Node:
             told[sem] = True
             self._copies.setdefault(node, False)
 
-    def _adopted_by_heir(self, node: str, peer: Peer) -> bool:
+    def _adopted_by_heir(self, node: str, peer: PeerState) -> bool:
         ledger = peer.ledger
         if ledger is None:
             return True

@@ -26,7 +26,7 @@ from typing import Any
 from nodeguard import __version__
 from nodeguard.coordination.mqtt_link import Incoming, LinkDown, MqttLink, WillSpec, raise_if_cancelling
 from nodeguard.coordination.records import Copy, Gone, Saved
-from nodeguard.coordination.semaphore import Cluster, Effects, Node, Phase
+from nodeguard.coordination.semaphore import Cluster, Effects, Phase, ProtocolNode
 from nodeguard.coordination.settings import CoordinationError, CoordinationSettings, load_password, tls_context
 from nodeguard.coordination.store import StateStore
 from nodeguard.coordination.topics import (
@@ -90,7 +90,7 @@ class CoordinationService:
         except OSError as exc:
             raise CoordinationError(f"coordination.stateDir: cannot read {self.store.path}: {exc}") from None
         self.status_ttl = math.ceil(settings.heartbeat * 3) + 1
-        self.node = Node(name, self.cluster, saved, lease_seconds=settings.lease_seconds)
+        self.node = ProtocolNode(name, self.cluster, saved, lease_seconds=settings.lease_seconds)
         self.link = MqttLink(
             settings.broker,
             name,

@@ -14,11 +14,10 @@ renamed over another), on the path of every grant.
 from __future__ import annotations
 
 import json
-import os
-import time
 from pathlib import Path
 from typing import Any
 
+from nodeguard.atomic_file import UnsafeFile, boot_id, read_state_file, set_aside, write_atomic
 from nodeguard.coordination.records import Saved
 from nodeguard.coordination.topics import Malformed, decode_ledger, ledger_object
 from nodeguard.log import get_logger
@@ -26,14 +25,7 @@ from nodeguard.log import get_logger
 log = get_logger("nodeguard.coordination")
 
 FORMAT = 1
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-
-def boot_id() -> str | None:
-    try:
-        return BOOT_ID.read_text().strip() or None
-    except OSError:
-        return None
+MAX_STATE_BYTES = 16 << 20
 
 
 def encode_saved(node: str, saved: Saved, boot: str | None = None) -> bytes:
@@ -82,15 +74,17 @@ class StateStore:
     def load(self) -> Saved | None:
         """The saved state, or ``None``: missing, written before a reboot, or corrupt (set aside)."""
         try:
-            data = self.path.read_bytes()
+            data = read_state_file(str(self.path), MAX_STATE_BYTES)
         except FileNotFoundError:
+            return None
+        except UnsafeFile as exc:
+            log.error("coordination state not read; recovering from the broker", problem=exc.reason)
             return None
         try:
             saved = decode_saved(self.node, data)
             written_boot = json.loads(data).get("bootId")
         except Malformed as exc:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            os.replace(self.path, aside)
+            aside = set_aside(str(self.path))
             log.error(
                 "coordination state unreadable; set aside, recovering from the broker",
                 error=str(exc),
@@ -104,23 +98,9 @@ class StateStore:
 
     def save(self, saved: Saved) -> None:
         """Write and rename: after a crash of the process the old or the new state is there, whole."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        data = encode_saved(self.node, saved, self.boot)
         try:
-            fd = os.open(tmp, flags, 0o600)
+            write_atomic(str(self.path), data, durable=self.boot is None)
         except FileNotFoundError:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, flags, 0o600)
-        try:
-            os.write(fd, encode_saved(self.node, saved, self.boot))
-            if self.boot is None:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        if self.boot is None:
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            write_atomic(str(self.path), data, durable=self.boot is None)

@@ -34,13 +34,13 @@ from nodeguard.coordination.records import (
     Copy,
     Gone,
     Grant,
-    Ledger,
     Lost,
     Member,
     MemberState,
     MemberView,
+    NodeStatus,
     SemStatus,
-    Status,
+    SlotLedger,
     Want,
 )
 
@@ -127,7 +127,7 @@ def _dump(obj: Mapping[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
-def encode_ledger(ledger: Ledger) -> bytes:
+def encode_ledger(ledger: SlotLedger) -> bytes:
     return _dump(ledger_object(ledger))
 
 
@@ -145,7 +145,7 @@ def _lost_object(lost: Lost) -> dict[str, Any]:
     return obj
 
 
-def ledger_object(ledger: Ledger) -> dict[str, Any]:
+def ledger_object(ledger: SlotLedger) -> dict[str, Any]:
     """The ledger as the JSON object ``encode_ledger`` writes (and the node's state file embeds)."""
     obj: dict[str, Any] = {
         "v": VERSION,
@@ -212,7 +212,7 @@ def encode_census(census: Census) -> bytes:
     )
 
 
-def encode_status(status: Status) -> bytes:
+def encode_status(status: NodeStatus) -> bytes:
     return _dump(
         {
             "v": VERSION,
@@ -301,11 +301,11 @@ def _mint(value: Any, what: str) -> dict[str, int] | None:
     return None if value is None else _counts(value, what)
 
 
-def decode_ledger(payload: bytes, node: str) -> Ledger:
+def decode_ledger(payload: bytes, node: str) -> SlotLedger:
     return ledger_from_object(_object(payload, "ledger", node), node)
 
 
-def ledger_from_object(obj: dict[str, Any], node: str) -> Ledger:
+def ledger_from_object(obj: dict[str, Any], node: str) -> SlotLedger:
     """A ledger from its JSON object (checked), as embedded in a copy or the state file."""
     if obj.get("node") != node:
         raise Malformed(f"node {obj.get('node')!r} in a ledger of {node!r}")
@@ -345,7 +345,7 @@ def ledger_from_object(obj: dict[str, Any], node: str) -> Ledger:
                 mint=_mint(item.get("mint"), "lost[].mint"),
             )
         )
-    return Ledger(
+    return SlotLedger(
         node=node,
         seq=_int(obj, "seq"),
         epoch=_int(obj, "epoch"),
@@ -360,7 +360,7 @@ def ledger_from_object(obj: dict[str, Any], node: str) -> Ledger:
     )
 
 
-def decode_status(payload: bytes, node: str) -> Status:
+def decode_status(payload: bytes, node: str) -> NodeStatus:
     obj = _object(payload, "status", node)
     sems = {}
     for name, raw in _map(obj.get("semaphores"), "semaphores").items():
@@ -374,7 +374,7 @@ def decode_status(payload: bytes, node: str) -> Status:
     ready, phase, version = obj.get("ready"), obj.get("phase", ""), obj.get("version", "")
     if not isinstance(ready, bool) or not isinstance(phase, str) or not isinstance(version, str):
         raise Malformed("ready, phase, version: wrong types")
-    return Status(
+    return NodeStatus(
         node=node,
         epoch=_int(obj, "epoch"),
         seq=_int(obj, "seq"),

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from nodeguard.atomic_file import boot_id
 from nodeguard.coordination.service import CoordinationService
 from nodeguard.coordination.settings import CoordinationError
 from nodeguard.gate import store
@@ -101,7 +102,7 @@ class GateService:
         self._problem: str | None = None
         # Called with each admitted load's wait (seconds from submit to admission), e.g. a metrics histogram.
         self.on_admission: Callable[[float], None] | None = None
-        self._boot = store.boot_id()
+        self._boot = boot_id()
         self._writer = store.StateWriter(self.state_path)
         self._generation = 0  # of the persisted view (starting and ready loads); bumped on every change
         self._durable = 0  # the generation last written

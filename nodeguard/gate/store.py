@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError
@@ -28,13 +27,6 @@ from nodeguard.gate.states import Load, LoadSpec, LoadState
 STATE_FILE = "gate-state.json"
 VERSION = 1
 PERSISTED = (LoadState.STARTING, LoadState.READY)
-
-
-def boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
 
 
 def encode(loads: Iterable[Load], boot: str | None) -> bytes:

@@ -19,7 +19,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from nodeguard.coordination.records import Ledger
+from nodeguard.coordination.records import SlotLedger
 from nodeguard.coordination.topics import (
     Malformed,
     Topics,
@@ -70,7 +70,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, *, deta
 
 
 class NodeProcess:
-    """``python -m nodeguard.coordination.node`` with its JSON events collected from stdout."""
+    """``python -m tests.coordination.node_process`` with its JSON events collected from stdout."""
 
     def __init__(self, name: str, config: dict[str, Any], workdir: Path) -> None:
         self.name = name
@@ -85,7 +85,7 @@ class NodeProcess:
     def start(self) -> NodeProcess:
         stderr = self.stderr_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nodeguard.coordination.node", "--config", str(self.config_path), "--node",
+            [sys.executable, "-m", "tests.coordination.node_process", "--config", str(self.config_path), "--node",
              self.name, "--stdin"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=REPO,
         )  # fmt: skip
@@ -209,7 +209,7 @@ class WireAuditor:
     def __init__(self, port: int, semaphores: dict[str, int]) -> None:
         self.topics = Topics("test")
         self.caps = dict(semaphores)
-        self.ledgers: dict[str, Ledger] = {}
+        self.ledgers: dict[str, SlotLedger] = {}
         self.known: set[str] = set()  # every node whose ledger was ever seen (a view without one is partial)
         self.kinds: Counter[str] = Counter()
         self.malformed: list[str] = []
@@ -272,7 +272,7 @@ class WireAuditor:
             except Malformed as exc:
                 self.malformed.append(f"{msg.topic}: {exc}")
 
-    def _adopted(self, node: str, ledger: Ledger) -> int:
+    def _adopted(self, node: str, ledger: SlotLedger) -> int:
         heir = self.ledgers.get(ledger.heir) if ledger.heir and ledger.heir != node else None
         return heir.adopted.get(node, 0) if heir is not None else 0
 
@@ -312,7 +312,7 @@ class WireAuditor:
             return {n: ledger.allot.get(sem, 0) for n, ledger in self.ledgers.items()}
 
 
-def _brief(ledger: Ledger) -> str:
+def _brief(ledger: SlotLedger) -> str:
     grants = [(g.id % 10000, g.to, g.epoch % 100000, g.n) for g in ledger.grants]
     applied = {d: sorted(i % 10000 for i in ids) for d, ids in ledger.applied.items()}
     return (

@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nodeguard.coordination.records import Census, Copy, Gone, Ledger, Member, Want
-from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Effects, Node, Saved
+from nodeguard.coordination.records import Census, Copy, Gone, Member, SlotLedger, Want
+from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Effects, ProtocolNode, Saved
 
 LEASE = 10.0
 WILL_DELAY = 12.0
@@ -30,7 +30,7 @@ Message = tuple[str, object]  # (kind, payload): ledger, copy, want, member, ban
 class SimNode:
     name: str
     cluster: Cluster
-    node: Node | None = None  # None: the process is down
+    node: ProtocolNode | None = None  # None: the process is down
     saved: Saved | None = None
     connected: bool = False
     bank_subscribed: bool = False
@@ -145,7 +145,7 @@ class Sim:
         assert node is not None
         kind, payload = msg
         if kind == "ledger":
-            assert isinstance(payload, Ledger)
+            assert isinstance(payload, SlotLedger)
             fx = node.on_ledger(payload, self.now)
         elif kind == "copy":
             assert isinstance(payload, Copy)
@@ -278,7 +278,7 @@ class Sim:
         self._resubscribe(sim)
         for other in sorted(node.take_reads()):
             retained = self.retained.get(("ledger", other))
-            assert retained is None or isinstance(retained, Ledger)
+            assert retained is None or isinstance(retained, SlotLedger)
             self._apply(sim, node.read_done(other, retained, node.conn, self.now))
 
     def deliver(self, name: str, index: int, mode: str = "deliver") -> None:
@@ -402,7 +402,7 @@ class Sim:
             return
         self.departed.discard(name)
         if sim.node is None:
-            sim.node = Node(name, sim.cluster, sim.saved, lease_seconds=LEASE)
+            sim.node = ProtocolNode(name, sim.cluster, sim.saved, lease_seconds=LEASE)
         node = sim.node
         epoch = node.begin_connect(int(self.now * 1000) + 1)
         sim.saved = node.snapshot()  # persisted before connecting

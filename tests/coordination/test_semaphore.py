@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from nodeguard.coordination.records import Copy, Grant, Ledger
-from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Node, Phase
+from nodeguard.coordination.records import Copy, Grant, SlotLedger
+from nodeguard.coordination.semaphore import WILL_GRACE, Cluster, Phase, ProtocolNode
 from tests.coordination.sim import LEASE, WILL_DELAY, Sim
 
 
@@ -51,8 +51,8 @@ def heir_reads(sim: Sim) -> None:
     sim.pump()
 
 
-def online(name: str, cluster: Cluster, epoch: int = 5) -> Node:
-    node = Node(name, cluster, cluster.empty(name, epoch), lease_seconds=LEASE)
+def online(name: str, cluster: Cluster, epoch: int = 5) -> ProtocolNode:
+    node = ProtocolNode(name, cluster, cluster.empty(name, epoch), lease_seconds=LEASE)
     node.begin_connect(epoch)
     node.connected(0.0, False)
     node.lease_renewed(0.0, node.conn, 0.0)
@@ -206,7 +206,7 @@ def test_a_grant_duplicated_ten_times_is_applied_once() -> None:
     node = online("b", cluster)
     grant = Grant(id=7, sem="p", to="b", epoch=node.epoch, n=1, seq=3)
     for seq in range(3, 13):
-        node.on_copy(Copy(Ledger("a", seq, 1, {"p": 0}, grants=(grant,))), "a", 0.0)
+        node.on_copy(Copy(SlotLedger("a", seq, 1, {"p": 0}, grants=(grant,))), "a", 0.0)
     assert node.state is not None and node.state.allot["p"] == 1
     assert node.counters["grants.applied"] == 1
 
@@ -217,7 +217,7 @@ def test_forged_grant_for_an_unknown_semaphore_is_ignored_and_counted() -> None:
     assert node.state is not None
     before = dict(node.state.allot)
     forged = Grant(id=1, sem="nope", to="b", epoch=node.epoch, n=50, seq=1)
-    node.on_copy(Copy(Ledger("a", 2, 1, {"p": 0}, grants=(forged,))), "a", 0.0)
+    node.on_copy(Copy(SlotLedger("a", 2, 1, {"p": 0}, grants=(forged,))), "a", 0.0)
     assert node.state.allot == before
     assert node.counters["ignored.bad_grant"] == 1
 
@@ -226,13 +226,13 @@ def test_a_copy_claiming_another_sender_is_ignored() -> None:
     """A ledger copy whose ledger is not its sender's is not acted on."""
     node = online("b", Cluster(("a",), {"p": 2}))
     grant = Grant(id=1, sem="p", to="b", epoch=node.epoch, n=1, seq=1)
-    node.on_copy(Copy(Ledger("c", 2, 1, {"p": 0}, grants=(grant,))), "a", 0.0)
+    node.on_copy(Copy(SlotLedger("c", 2, 1, {"p": 0}, grants=(grant,))), "a", 0.0)
     assert node.state is not None and node.state.allot["p"] == 0 and node.counters["ignored.bad_copy"] == 1
 
 
 def test_unknown_semaphore_request_raises() -> None:
     """Asking for a slot of a semaphore that is not configured is an error, not a wait."""
-    node = Node("a", Cluster(("a",), {"p": 1}), None, lease_seconds=LEASE)
+    node = ProtocolNode("a", Cluster(("a",), {"p": 1}), None, lease_seconds=LEASE)
     with pytest.raises(KeyError):
         node.request("nope", "load", 0.0)
 
@@ -388,7 +388,7 @@ def test_grant_to_an_earlier_connection_is_taken_back_by_its_donor() -> None:
 def test_stale_ledger_does_not_undo_a_newer_one() -> None:
     """A ledger older than one already seen is ignored and counted (as stale, not as rejected)."""
     node = online("b", Cluster(("a",), {"p": 2}))
-    newer = Ledger("a", 9, 1, {"p": 1})
+    newer = SlotLedger("a", 9, 1, {"p": 1})
     node.on_ledger(newer, 0.0)
     node.on_ledger(dataclasses.replace(newer, seq=4, allot={"p": 5}), 0.0)
     assert node.peers["a"].ledger == newer

@@ -122,7 +122,7 @@ def test_runner_exits_with_the_setting_named(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps(config))
     result = subprocess.run(
-        [sys.executable, "-m", "nodeguard.coordination.node", "--config", str(path), "--node", "solo"],
+        [sys.executable, "-m", "tests.coordination.node_process", "--config", str(path), "--node", "solo"],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -14,13 +14,13 @@ from nodeguard.coordination.records import (
     Copy,
     Gone,
     Grant,
-    Ledger,
     Lost,
     Member,
     MemberState,
     MemberView,
+    NodeStatus,
     SemStatus,
-    Status,
+    SlotLedger,
     Want,
 )
 from nodeguard.coordination.semaphore import Cluster
@@ -45,7 +45,7 @@ from nodeguard.coordination.topics import (
     encode_want,
 )
 
-LEDGER = Ledger(
+LEDGER = SlotLedger(
     node="n1",
     seq=12,
     epoch=99,
@@ -65,7 +65,7 @@ LEDGER = Ledger(
 def test_ledger_status_and_will_round_trip() -> None:
     """What a node publishes decodes to exactly what it meant."""
     assert decode_ledger(encode_ledger(LEDGER), "n1") == LEDGER
-    status = Status("n1", 99, 3, True, "online", {"prepare": SemStatus(2, 1, 4, 17)}, {"n0": 9}, "0.1.0", 1234)
+    status = NodeStatus("n1", 99, 3, True, "online", {"prepare": SemStatus(2, 1, 4, 17)}, {"n0": 9}, "0.1.0", 1234)
     assert decode_status(encode_status(status), "n1") == status
     assert decode_gone(encode_gone(Gone("n1", 99)), "n1") == Gone("n1", 99)
     copy = Copy(LEDGER, ask=True, queue={"prepare": 3})

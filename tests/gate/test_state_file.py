@@ -13,13 +13,14 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nodeguard.atomic_file import boot_id
 from nodeguard.gate import store
 from nodeguard.gate.readiness import ExecProbe, NotifyReadiness
 from nodeguard.gate.states import Load, LoadSpec, LoadState
 from tests.gate.helpers import Session, wait_until
 from tests.gate.served import ServedGate, ping, served
 
-BOOT = store.boot_id()
+BOOT = boot_id()
 
 
 def record(name: str, *, seq: int = 1, state: str = "starting", **changes: Any) -> dict[str, Any]:
