@@ -43,10 +43,14 @@ LABEL org.opencontainers.image.title="nodeguard" \
 # time (the root file system may be read-only).
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-# The wheels are bind-mounted from the builder for this one step, so they never
-# become a layer of the final image.
+# The dependencies' wheels are bind-mounted from the builder for this one step,
+# so they never become a layer of the final image. nodeguard's own small wheel
+# is copied: a builder (buildah) that does not look into a bind mount's content
+# when it reuses a cached layer still sees a new nodeguard as a change.
+COPY --from=builder /wheels/nodeguard-*.whl /tmp/nodeguard/
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels nodeguard \
+    pip install --no-cache-dir --no-index --find-links=/wheels /tmp/nodeguard/nodeguard-*.whl \
+    && rm -rf /tmp/nodeguard \
     && nodeguard --help > /dev/null
 # No USER: the daemon must run as root. It writes cpu.max in the host's cgroup
 # tree (root's files), signals processes of other users when it evicts, and

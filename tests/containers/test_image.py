@@ -63,6 +63,11 @@ def daemonset_options(node_name: str, config_dir: Path, run_dir: Path) -> tuple[
         volume = volumes[mount["name"]]
         if "configMap" in volume:
             source = config_dir
+        elif "secret" in volume:
+            # An optional Secret that is not there (no MQTT password here): kubelet mounts an empty directory.
+            assert volume["secret"].get("optional") is True, volume
+            source = run_dir.parent / f"empty-{mount['name']}"
+            source.mkdir(exist_ok=True)
         elif volume["hostPath"]["path"] == "/run/nodeguard":
             source = run_dir
         else:
