@@ -88,7 +88,8 @@ def settings_for(sensing: dict[str, Any], groups: list[dict[str, Any]]) -> Setti
         "workloads": {"groups": groups},
         "guard": {"objectives": [{"metric": "cpu_total_utilization", "action": "throttle", "triggerAfter": 1,
                                   "threshold": WATERLINE_PCT, "restoreBelow": WATERLINE_PCT - 20}],
-                  "minQuotaCores": FLOOR_CORES},
+                  # Aim 2 % of the node under the waterline: the room one tick's noise needs in the VM.
+                  "minQuotaCores": FLOOR_CORES, "targetMarginPercent": 2},
     })
 
 

@@ -30,12 +30,12 @@ One tick, in order:
    cores, or the demand it had when first throttled, whichever is lowest.
 4. Refill: between the restore waterline and the waterline nothing is
    restored (the dead-band), but where the node has been more than
-   2 × guard.minChangePercent under its aim (the waterline less the margin)
-   for restoreAfter ticks, throttled workloads that are starved (their
-   threads never slept: they would use it) get the room back up to
-   minChangePercent under the aim, half of what is left a tick (within
-   restoreStepPercent) and most important first, so a throttle that
-   overshot does not waste the node.
+   guard.minChangePercent under its aim (the waterline less the margin) for
+   restoreAfter ticks, throttled workloads that are starved (their threads
+   never slept: they would use it) get the room back towards the aim, half
+   of what is left a tick (within restoreStepPercent) and most important
+   first, so a throttle that overshot does not waste the node. The margin is
+   what keeps noise around the aim under the waterline.
 
 A workload whose last write the kernel refused is held back (no candidate)
 for its back-off; the daemon plans the tick again without it, so the next
@@ -327,9 +327,11 @@ class _Tick:
         held = self.throttles.get(wid)
         return held.quota if held is not None else usage.cpu_max
 
-    def _waiting(self, usage: WorkloadUsage) -> float:
-        """What its never-sleeping threads waited for, in cores, as far as its own limit would let it have it."""
-        waiting = usage.starved_cores
+    def _waiting(self, usage: WorkloadUsage, candidate: bool = True) -> float:
+        """What it would take of freed CPU, in cores, as far as its own limit lets it: for a candidate the wait of
+        its never-sleeping threads; for a workload the throttles make room for (protected, more important), all
+        its threads waited for, as it is the one to get the room."""
+        waiting = usage.starved_cores if candidate else usage.waiting_cores
         if not waiting or usage.cores is None:
             return 0.0
         limit = self._current_limit(usage)
@@ -342,7 +344,10 @@ class _Tick:
         Waits on a node with idle CPU are wake-up latency, not unmet demand.
         """
         if self._absorbing is None:
-            waiting = sum(self._waiting(u) for wid, u in self.workloads.items() if wid not in self.evictions)
+            candidates = {u.workload.id for u in self.candidates()}
+            waiting = sum(
+                self._waiting(u, wid in candidates) for wid, u in self.workloads.items() if wid not in self.evictions
+            )
             idle = max(0.0, self.node.cpus - (self.node.cores_used or float(self.node.cpus)))
             absorbing = max(0.0, waiting - idle)
             self._absorbing = (absorbing, absorbing / waiting if waiting > 0 else 0.0)
@@ -576,9 +581,8 @@ class _Tick:
         return True
 
     def _room(self, line: Waterline, value: float) -> float:
-        """Cores between the node's reading and where a refill stops: minChange under what a throttle aims at
-        (the waterline less the margin), so that noise around the aim does not cross the waterline."""
-        return (line.threshold - value) / self._per_unit(line.metric) - self.margin - self.min_change
+        """Cores between the node's reading and what a throttle aims at (the waterline less the margin)."""
+        return (line.threshold - value) / self._per_unit(line.metric) - self.margin
 
     def refill(self, lines: list[Waterline]) -> None:
         """In the dead-band: give starved throttled workloads the room left under the aim, a step at a time."""
@@ -597,8 +601,6 @@ class _Tick:
         # Half the room a tick: it closes in on the aim from below, and a reading that noise pushed down
         # does not send the node over the waterline the next tick.
         budget = min(room / 2.0, self.guard.restore_step_percent / 100.0 * self.node.cpus)
-        if budget < self.min_change:
-            return
         starved = {wid for wid, u in self.workloads.items() if (u.starved_cores or 0.0) >= CLOSED_CORES}
         self._raise(budget, [], only=starved, refill=True)
 

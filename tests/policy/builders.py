@@ -28,6 +28,7 @@ def usage(
     started_at: float | None = 1_000.0,
     protected: bool = False,
     waiting: float | None = None,
+    starved: float | None = None,
 ) -> WorkloadUsage:
     workload = Workload(
         id=wid,
@@ -42,7 +43,13 @@ def usage(
     # Fields the policy does not read stay None, so a new model field does not break the builder.
     fields: dict[str, Any] = dict.fromkeys(WorkloadUsage._fields)
     fields.update(
-        workload=workload, cpu=CpuStat(0), cpu_max=cpu_max, memory_bytes=memory, cores=cores, starved_cores=waiting
+        workload=workload,
+        cpu=CpuStat(0),
+        cpu_max=cpu_max,
+        memory_bytes=memory,
+        cores=cores,
+        waiting_cores=waiting,
+        starved_cores=waiting if starved is None else starved,
     )
     return WorkloadUsage(**fields)
 
