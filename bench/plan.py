@@ -1,7 +1,7 @@
 """Benchmark: one guard plan for a node with 1000 workloads and three objectives.
 
 The node is past all three waterlines (cpu_total_usage throttle, memory
-evict, cpu_pressure throttle) with primed streaks, so every run sorts the
+evict, load_average throttle) with primed streaks, so every run sorts the
 candidates and acts: the worst case of a tick. Also times a calm tick (no
 gap: nothing to sort), and, as a baseline measured in the same run, a plain
 ``sorted()`` of the 1000 workloads by one key. Medians of repeated runs.
@@ -58,16 +58,16 @@ def workloads(count: int, rnd: random.Random) -> list[WorkloadUsage]:
     return usages
 
 
-def node(cores_used: float, memory_used: int, pressure: float) -> NodeUsage:
+def node(cores_used: float, memory_used: int, load: float) -> NodeUsage:
     total = 256 * GIB
     return NodeUsage(
         cpus=CPUS,
         cpu=ProcStatCpu(0, 0),
         cores_used=cores_used,
         cpu_utilization=100.0 * cores_used / CPUS,
-        load=LoadAverage(30.0, 30.0, 30.0, 10, 3000),
+        load=LoadAverage(load, load, load, 10, 3000),
         memory=MemInfo(total, total - memory_used),
-        cpu_pressure=Psi(PsiLine(pressure, pressure, pressure, 0), None),
+        cpu_pressure=Psi(PsiLine(5.0, 5.0, 5.0, 0), None),
         memory_pressure=None,
         io_pressure=None,
     )
@@ -89,7 +89,7 @@ GUARD = GuardSettings.model_validate(
         "objectives": [
             {"metric": "cpu_total_usage", "threshold": "80%", "restoreBelow": "70%", "action": "throttle"},
             {"metric": "memory_total_usage", "threshold": "85%", "action": "evict"},
-            {"metric": "cpu_pressure", "threshold": 30, "restoreBelow": 10, "action": "throttle"},
+            {"metric": "load_average", "threshold": 1.5, "restoreBelow": 1.0, "action": "throttle"},
         ],
         "evictions": {"maxPerTick": 3},
     }
@@ -110,8 +110,8 @@ def main() -> int:
     rnd = random.Random(3)
     usages = workloads(WORKLOADS, rnd)
     # CPU 2 cores past 80 % (about 40 workloads' worth), memory 6 GiB past 85 %, PSI 45 % past 30 %.
-    hot = snapshot(usages, node(0.8 * CPUS + 2.0, int(0.85 * 256 * GIB) + 6 * GIB, 45.0))
-    calm = snapshot(usages, node(0.5 * CPUS, 100 * GIB, 2.0))
+    hot = snapshot(usages, node(0.8 * CPUS + 2.0, int(0.85 * 256 * GIB) + 6 * GIB, 2.0 * CPUS))
+    calm = snapshot(usages, node(0.5 * CPUS, 100 * GIB, 0.5 * CPUS))
     state = GuardState.primed()
 
     result = plan(hot, state, GUARD)
