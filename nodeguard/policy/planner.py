@@ -646,8 +646,9 @@ class _Tick:
             quota = throttle.quota
             current = quota.quota_us / quota.period_us if quota.quota_us is not None else math.inf
             ceiling = min(throttle.original.cores or math.inf, float(self.node.cpus))
-            # Above what it used before the throttle, a higher quota is not expected to add usage.
-            if throttle.demand_cores is not None:
+            # Above what it used before the throttle, a higher quota is not expected to add usage. Not so for a
+            # refill: it raises starved work, whose demand is more than it showed, by exactly the room.
+            if throttle.demand_cores is not None and not refill:
                 ceiling = min(ceiling, throttle.demand_cores)
             left = budget - spent
             if ceiling - current <= left:

@@ -119,3 +119,14 @@ def test_no_refill_within_min_change_of_the_aim_or_past_the_waterline() -> None:
         result = plan(snapshot(workloads, cpus=2, cores_used=used), state, settings)
         result = plan(snapshot(workloads, cpus=2, cores_used=used, monotonic=101.0), result.state, settings)
         assert not [a for a in result.actions if isinstance(a, Restore)], used
+
+
+def test_a_refill_never_releases_a_starved_workload_past_the_room() -> None:
+    """A refill step close to what the workload used when throttled still raises it by the room only: releasing it
+    to its original (1.5 cores) would let elastic work take far more than the room."""
+    held = {"be": HeldThrottle("be", POD_LIMIT, CpuMax(71000), frozenset({CPU}), 0.0, demand_cores=0.72)}
+    workloads = [usage("be", cores=0.71, waiting=0.29, cpu_max=CpuMax(71000))]
+    settings = guard(cpu_throttle(1.4, 0.9, restoreAfter=1), targetMarginPercent=1)
+    result = plan(snapshot(workloads, cpus=2, cores_used=1.28), GuardState(throttles=held), settings)
+    [step] = [a for a in result.actions if isinstance(a, Restore)]
+    assert not step.full and step.quota == CpuMax(71000 + 5000), "half of 0.1 cores of room, not the original"
