@@ -31,7 +31,7 @@ One tick, in order:
 4. Refill: between the restore waterline and the waterline nothing is
    restored (the dead-band), but where the node has been more than
    guard.minChangePercent under its aim (the waterline less the margin) for
-   restoreAfter ticks, throttled workloads that are starved (their threads
+   triggerAfter ticks, throttled workloads that are starved (their threads
    never slept: they would use it) get the room back towards the aim, half
    of what is left a tick (within restoreStepPercent) and most important
    first, so a throttle that overshot does not waste the node. The margin is
@@ -593,7 +593,9 @@ class _Tick:
             value = self.readings[line.metric]
             if not line.quantified or value is None:
                 return  # a closed-loop metric (or no reading) cannot say how much room there is
-            if self.streaks.get((line.metric, Direction.REFILL), 0) < line.restore_after:
+            # Confirmed like a throttle (triggerAfter), not like a restore: this is a measured overshoot of
+            # this guard's own throttles, and every tick of it wastes the node.
+            if self.streaks.get((line.metric, Direction.REFILL), 0) < line.trigger_after:
                 return
             room = min(room, self._room(line, value))
         if room < self.min_change:

@@ -98,10 +98,10 @@ def test_room_left_under_the_waterline_goes_back_to_starved_throttled_work() -> 
         usage("be1", cores=0.3, waiting=0.7, cpu_max=CpuMax(30000), priority=-1),
         usage("calm", cores=0.1, waiting=None, cpu_max=CpuMax(30000)),
     ]
-    settings = guard(cpu_throttle(1.4, 1.0, restoreAfter=2), targetMarginPercent=1, restoreStepPercent=10)
+    settings = guard(cpu_throttle(1.4, 1.0, triggerAfter=2), targetMarginPercent=1, restoreStepPercent=10)
     state = GuardState(throttles=held)
     first = plan(snapshot(workloads, cpus=2, cores_used=1.2), state, settings)
-    assert not first.actions, "confirming first: restoreAfter ticks with room"
+    assert not first.actions, "confirming first: triggerAfter ticks with room"
     second = plan(snapshot(workloads, cpus=2, cores_used=1.2, monotonic=101.0), first.state, settings)
     raised = {a.workload_id: a.quota for a in second.actions if isinstance(a, Restore)}
     assert set(raised) == {"be1"}, "the most important starved workload, not the sleeping one"
