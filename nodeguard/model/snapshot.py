@@ -27,6 +27,9 @@ class WorkloadUsage(NamedTuple):
     # the whole tick, work that would take CPU freed elsewhere.
     waiting_cores: float | None = None
     starved_cores: float | None = None
+    # Cores' worth of time its own CFS bandwidth limit held it back (cpu.stat
+    # throttled time, summed over CPUs); None on first sight.
+    throttled_cores: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,9 @@ class NodeUsage:
     cpu_pressure: Psi | None  # None before kernel 4.20 or with psi=0
     memory_pressure: Psi | None
     io_pressure: Psi | None
+    # A what-if's value for the protected workloads' worst CPU stall (percent); None: computed from the
+    # workloads (policy.stall), which only the policy can do, as it knows which workloads are protected.
+    protected_cpu_stall: float | None = None
 
     @property
     def memory_used(self) -> int | None:

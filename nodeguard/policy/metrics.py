@@ -29,6 +29,7 @@ class Metric(StrEnum):
     MEMORY_TOTAL_UTILIZATION = "memory_total_utilization"
     CPU_PRESSURE = "cpu_pressure"
     LOAD_AVERAGE = "load_average"
+    PROTECTED_CPU_STALL = "protected_cpu_stall"
 
 
 class Resource(StrEnum):
@@ -64,6 +65,8 @@ class Capability:
     # nodeguard's own throttles raise it (a CFS-throttled task is runnable, so
     # PSI counts its wait up to the node's figure): acting on it feeds on itself.
     raised_by_throttling: bool = False
+    # Read from the protected workloads, not the node (policy.stall): the node only carries a what-if's value.
+    protected: bool = False
 
     def quantified(self, action: str) -> bool:
         return self.throttle_quantified if action == "throttle" else self.evict_quantified
@@ -221,6 +224,22 @@ CAPABILITIES: dict[Metric, Capability] = {
             read=_load_per_core,  # load1 / cores
             capacity=lambda node: 1.0,
             override=_set_load_per_core,
+        ),
+        Capability(
+            Metric.PROTECTED_CPU_STALL,
+            Unit.PERCENT,
+            Resource.CPU,
+            throttleable=True,
+            throttle_quantified=False,
+            # Harm to one workload is no reason to evict another: throttling frees its CPU as well.
+            evictable=False,
+            evict_quantified=False,
+            sort_by=_CPU_SORT,
+            compressible=True,
+            read=lambda node: node.protected_cpu_stall,
+            capacity=_hundred,
+            override=lambda node, value: dataclasses.replace(node, protected_cpu_stall=value),
+            protected=True,
         ),
     )
 }

@@ -58,6 +58,7 @@ from nodeguard.policy.gaps import Gaps, compute_gaps
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import GENERAL_SORTER, Ranked, ordering
 from nodeguard.policy.settings import GuardSettings
+from nodeguard.policy.stall import Stall, is_protected, stalls, worst
 from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, HeldBack, HeldThrottle, Key, PendingEviction
 from nodeguard.policy.waterlines import ActionKind, Waterline, resolve_waterlines
 
@@ -80,9 +81,18 @@ class Plan:
     departed: tuple[str, ...]  # throttled workloads that left the node: drop them from the ledger
     expired: tuple[PendingEviction, ...]  # evictions that outlived evictions.terminationTimeoutSeconds
     held_back: tuple[HeldBack, ...]  # workloads left out as candidates: their last write was refused
+    protected: tuple[ProtectedStall, ...]  # each protected workload's CPU stall (protected_cpu_stall)
     workloads: int
     candidates: int | None  # None when no action needed them
     state: GuardState  # for the next tick
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedStall:
+    workload_id: str
+    name: str
+    stall_pct: float | None  # None before it has a usage rate
+    waiting_cores: float | None  # all its threads' run-queue wait (v1), for the record
 
 
 def plan(snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> Plan:
@@ -111,6 +121,12 @@ class _Tick:
         self.workloads = snapshot.workloads
         self.readings: dict[Metric, float | None] = {m: cap.read(self.node) for m, cap in CAPABILITIES.items()}
         self.lines = resolve_waterlines(guard.objectives, self.node)
+        self.stall_line = self.lines.get((Metric.PROTECTED_CPU_STALL, "throttle"))
+        self.protect = self.stall_line.protect if self.stall_line is not None else ()
+        self.stalls = stalls(self.workloads, self.protect)
+        self.worst_stall = worst(self.stalls)
+        if self.readings[Metric.PROTECTED_CPU_STALL] is None:  # no what-if value
+            self.readings[Metric.PROTECTED_CPU_STALL] = self._protected_reading()
         self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
         self.margin = guard.target_margin_percent / 100.0 * self.node.cpus
 
@@ -151,6 +167,13 @@ class _Tick:
 
     # --- bookkeeping -------------------------------------------------------------
 
+    def _protected_reading(self) -> float | None:
+        """The worst protected stall in percent; 0 with nothing protected (nobody harmed); None while every
+        protected workload is too new to have one."""
+        if self.worst_stall is not None:
+            return 100.0 * self.worst_stall.share
+        return None if self.stalls else 0.0
+
     def _streaks(self) -> dict[Key, int]:
         old = self.state.streaks
         streaks: dict[Key, int] = {}
@@ -183,6 +206,7 @@ class _Tick:
                 for wid, u in self.workloads.items()
                 if not u.workload.protected
                 and u.workload.metadata_known
+                and not (self.protect and is_protected(u.workload, self.protect))
                 and u.workload.qos_class in classes
                 and (below is None or u.workload.priority < below)
                 and wid not in pending
@@ -264,6 +288,15 @@ class _Tick:
             departed=self.departed,
             expired=self.expired,
             held_back=tuple(self.held_back[wid] for wid in sorted(self.holding)),
+            protected=tuple(
+                ProtectedStall(
+                    s.usage.workload.id if isinstance(s, Stall) else s.workload.id,
+                    s.usage.workload.name if isinstance(s, Stall) else s.workload.name,
+                    100.0 * s.share if isinstance(s, Stall) else None,
+                    s.usage.waiting_cores if isinstance(s, Stall) else None,
+                )
+                for s in self.stalls
+            ),
             workloads=len(self.workloads),
             candidates=None if self._candidates is None else len(self._candidates),
             state=new_state,
@@ -280,7 +313,9 @@ class _Tick:
         if gap is None or not self.ready(line, Direction.THROTTLE):
             return
         ranked = self.ranked(line.sort_by)
-        if line.quantified:
+        if CAPABILITIES[metric].protected:
+            self._throttle_for_stall(line, gap, ranked)
+        elif line.quantified:
             self._throttle_precisely(line, gap, ranked)
         else:
             self._throttle_one(line, gap, ranked)
@@ -301,6 +336,29 @@ class _Tick:
         if remaining >= CLOSED_CORES:
             detail = f"{_fmt(remaining * per_unit)} of the gap stays open: no candidate can release more"
             self.block(line.metric, Direction.THROTTLE, "exhausted", detail + self._holding_note())
+
+    def _throttle_for_stall(self, line: Waterline, gap: float, ranked: Ranked) -> None:
+        """Make room for the most stalled protected workload: leave about as much CPU idle as it waited for
+        (at least minChange), past what the other waiting work will take of it; then measure again."""
+        harmed = self.worst_stall
+        value = self.readings[line.metric]
+        share = harmed.share if harmed is not None else (value or 0.0) / 100.0  # a what-if names nobody
+        who = f"{harmed.usage.workload.name} stalled {_fmt(100.0 * share)}%" if harmed else "what-if"
+        remaining = max(self.min_change, share) + self.absorbing() - self.released_cores
+        acted = False
+        for _, usage in ranked:
+            if remaining < CLOSED_CORES:
+                break
+            lowered = self._lower(usage, want=remaining)
+            if lowered is not None:
+                self._emit_throttle(line, usage, lowered, gap, None, how=f"to make room ({who})")
+                remaining -= lowered[1]
+                acted = True
+        if acted:
+            self.cooldowns[(line.metric, Direction.THROTTLE)] = self.guard.cooldown_ticks
+        elif remaining >= CLOSED_CORES:
+            detail = "no candidate can release more" + self._holding_note()
+            self.block(line.metric, Direction.THROTTLE, "exhausted", detail)
 
     def _throttle_one(self, line: Waterline, gap: float, ranked: Ranked) -> None:
         fraction = self.guard.closed_loop_step_percent / 100.0
@@ -383,7 +441,8 @@ class _Tick:
             current = held.quota if held is not None else own
         if current.quota_us is not None:
             used = min(used, current.quota_us / current.period_us)
-        period = current.period_us
+        # The period lever: a throttle on a short period spreads the throttled work's bursts.
+        period = self.guard.throttle_period_us or current.period_us
         floor = max(self.guard.min_quota_cores, request, MIN_QUOTA_US / period)
         room = used - floor
         if room < CLOSED_CORES:
@@ -404,6 +463,8 @@ class _Tick:
         lowered: tuple[CpuMax, float, CpuMax],
         gap_before: float,
         per_unit: float | None,
+        *,
+        how: str | None = None,
     ) -> None:
         quota, release, previous = lowered
         workload = usage.workload
@@ -411,7 +472,7 @@ class _Tick:
         original = held.original if held is not None else usage.cpu_max
         assert original is not None  # _lower() checked
         dry = self.dry(line)
-        how = "precisely" if per_unit is not None else "one step (closed loop)"
+        how = how or ("precisely" if per_unit is not None else "one step (closed loop)")
         self.actions.append(
             Throttle(
                 workload=workload,

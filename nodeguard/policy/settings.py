@@ -70,10 +70,19 @@ class Objective(Model):
     def _threshold(cls, raw: object, info: ValidationInfo) -> Quantity:
         return parse_quantity(raw, _unit(info))
 
+    protect: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="protected_cpu_stall only: the workloads it protects, as glob patterns on their name or cgroup "
+        "path; default: Guaranteed pods and groups configured protected",
+    )
+
     @field_validator("action")
     @classmethod
     def _action_possible(cls, action: str, info: ValidationInfo) -> str:
         metric = info.data.get("metric")
+        if metric is not None and action == "evict" and not CAPABILITIES[metric].evictable:
+            raise ValueError(f"{metric} cannot drive evictions; use throttle")
         if metric is not None and action == "throttle" and not CAPABILITIES[metric].throttleable:
             raise ValueError(f"{metric} cannot be throttled (its resource is incompressible); use evict")
         if metric is not None and action == "throttle" and CAPABILITIES[metric].raised_by_throttling:
@@ -100,6 +109,16 @@ class Objective(Model):
             if restore.value >= threshold.value:
                 raise ValueError(f"must be strictly below threshold ({threshold.raw!r}): that gap is the dead-band")
         return restore
+
+    @model_validator(mode="after")
+    def _protect_needs_stall(self) -> Objective:
+        if self.protect is not None and not CAPABILITIES[self.metric].protected:
+            raise PydanticCustomError(
+                "protect_without_stall",
+                "protect selects the workloads a protected_cpu_stall objective protects; {metric} is a node metric",
+                {"metric": str(self.metric)},
+            )
+        return self
 
 
 _SELF_INFLICTED = (
@@ -142,6 +161,13 @@ class GuardSettings(Model):
     cooldown_ticks: int = Field(3, ge=1, le=1000, description="wait after acting on a non-quantified metric")
     closed_loop_step_percent: float = Field(
         50.0, gt=0, le=100, description="a non-quantified metric lowers one workload's CPU by this % of its usage"
+    )
+    throttle_period_us: int | None = Field(
+        None,
+        ge=1000,
+        le=1_000_000,
+        description="the CFS period a throttle writes, in microseconds (a short one spreads a throttled "
+        "workload's bursts); default: the workload's own; restores write the original back",
     )
     failed_write_backoff_seconds: float = Field(
         30.0,

@@ -2,7 +2,7 @@
 
 Several objectives on the same metric and action make one waterline: the
 lowest threshold wins, and its objective supplies triggerAfter, dryRun and
-the candidate order. For throttling, the restore waterline is the lowest
+the candidate order; their protect patterns are pooled. For throttling, the restore waterline is the lowest
 restoreBelow and restoreAfter the longest, so a restore satisfies every
 objective on the metric; both stay strictly below the waterline because each
 objective's restoreBelow is below its own threshold.
@@ -32,6 +32,7 @@ class Waterline:
     dry_run: bool
     sort_by: tuple[str, ...]
     objective: str  # the winning objective's name, or its place in the list
+    protect: tuple[str, ...] = ()  # protected_cpu_stall: who it protects (policy.stall); () the default
 
     @property
     def quantified(self) -> bool:
@@ -56,6 +57,7 @@ def resolve_waterlines(objectives: Sequence[Objective], node: NodeUsage) -> dict
             dry_run=objective.dry_run,
             sort_by=tuple(objective.sort_by) if objective.sort_by else cap.sort_by,
             objective=objective.name or f"objectives[{index}]",
+            protect=tuple(objective.protect or ()),
         )
         key = (objective.metric, objective.action)
         held = lines.get(key)
@@ -74,5 +76,6 @@ def resolve_waterlines(objectives: Sequence[Objective], node: NodeUsage) -> dict
             dry_run=winner.dry_run,
             sort_by=winner.sort_by,
             objective=winner.objective,
+            protect=tuple(dict.fromkeys(held.protect + line.protect)),
         )
     return lines

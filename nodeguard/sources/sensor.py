@@ -137,12 +137,15 @@ class Sensor:
                 self.skipped += 1
                 self._warn(workload_id, "workload skipped this tick", exc)
                 continue
-            cores = throttled = stall = waiting = starved = None
+            cores = throttled = stall = waiting = starved = throttled_cores = None
             if old is not None and usec > 0:
                 old_cpu = old.cpu
                 used = cpu.usage_usec - old_cpu.usage_usec
                 if used >= 0:  # a reset counter gives no rate
                     cores = used / usec
+                held = cpu.throttled_usec - old_cpu.throttled_usec
+                if held >= 0:
+                    throttled_cores = held / usec
                 periods = cpu.nr_periods - old_cpu.nr_periods
                 if periods > 0:
                     throttled = (cpu.nr_throttled - old_cpu.nr_throttled) / periods
@@ -155,7 +158,7 @@ class Sensor:
                 waiting = waits.waited_ns / waits.interval_ns
                 starved = waits.starved_ns / waits.interval_ns
             usages[workload_id] = make(
-                workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved
+                workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved, throttled_cores
             )
         for workload_id in gone:
             self._drop(workload_id)

@@ -1,0 +1,67 @@
+"""The protected workloads' own CPU stall: the share of the last tick they were runnable but not running.
+
+This is harm, measured on the workload that suffers it, where node CPU is only
+a proxy for it (a node 99 % busy with batch work at kubelet's weights barely
+delays a Guaranteed pod; one 70 % busy may still delay it). Sources, per tick:
+
+- cgroup v2: the workload's own ``cpu.pressure`` ("some" total, as a share of
+  the tick);
+- cgroup v1 (no per-cgroup PSI): its threads' run-queue delay
+  (``/proc/<tid>/schedstat``, see sources.taskwait), in cores, at most one.
+
+Either way its own CFS throttling is taken off: a throttled thread is runnable,
+and throttling others cannot fix a limit of its own. A candidate's stall is
+never read: throttling it inflates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from fnmatch import fnmatchcase
+from typing import NamedTuple
+
+from nodeguard.model.snapshot import WorkloadUsage
+from nodeguard.model.workloads import QosClass, Workload
+
+
+class Stall(NamedTuple):
+    usage: WorkloadUsage
+    share: float  # of the last tick, 0..1
+
+
+def is_protected(workload: Workload, patterns: tuple[str, ...]) -> bool:
+    """Protected for the stall objective: matched by one of its patterns (name or cgroup path), or, with no
+    pattern, a Guaranteed pod or a group configured ``protected``."""
+    if patterns:
+        return any(fnmatchcase(workload.name, p) or fnmatchcase(workload.id, p) for p in patterns)
+    return workload.protected or workload.qos_class is QosClass.GUARANTEED
+
+
+def stall_share(usage: WorkloadUsage) -> float | None:
+    """Its stall over the last tick, its own throttling taken off; None before it has a usage rate."""
+    if usage.cores is None:
+        return None
+    if usage.cpu_stall_pct is not None:
+        waited = usage.cpu_stall_pct / 100.0
+    elif usage.waiting_cores is not None:
+        waited = usage.waiting_cores
+    else:
+        return 0.0  # idle: its threads are not followed, and it waited for nothing
+    own = usage.throttled_cores or 0.0
+    return min(1.0, max(0.0, waited - own))
+
+
+def stalls(workloads: Mapping[str, WorkloadUsage], patterns: tuple[str, ...]) -> list[Stall | WorkloadUsage]:
+    """Each protected workload's stall; a workload without one yet stands for itself."""
+    found: list[Stall | WorkloadUsage] = []
+    for usage in workloads.values():
+        if is_protected(usage.workload, patterns):
+            share = stall_share(usage)
+            found.append(usage if share is None else Stall(usage, share))
+    return found
+
+
+def worst(found: Iterable[Stall | WorkloadUsage]) -> Stall | None:
+    """The most stalled protected workload (it drives the objective)."""
+    known = [s for s in found if isinstance(s, Stall)]
+    return max(known, key=lambda s: (s.share, s.usage.workload.id), default=None)

@@ -1,0 +1,165 @@
+"""The protected_cpu_stall objective: act on the harm to the important workloads, not on node busyness."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from nodeguard.model.samples import CpuMax
+from nodeguard.model.snapshot import WorkloadUsage
+from nodeguard.model.workloads import QosClass
+from nodeguard.policy.actions import Restore, Throttle
+from nodeguard.policy.metrics import Metric
+from nodeguard.policy.planner import Plan, plan
+from nodeguard.policy.stall import stall_share
+from nodeguard.policy.state import GuardState
+from nodeguard.policy.whatif import what_if
+from tests.policy.builders import guard, snapshot, usage
+from tests.policy.test_elastic import predicted_node
+
+STALL = Metric.PROTECTED_CPU_STALL
+
+
+def stall_objective(**extra: Any) -> dict[str, Any]:
+    return {
+        "metric": "protected_cpu_stall",
+        "threshold": "5%",
+        "restoreBelow": "1%",
+        "action": "throttle",
+        "triggerAfter": 1,
+        "restoreAfter": 1,
+        **extra,
+    }
+
+
+SETTINGS = guard(stall_objective(), minQuotaCores=0.05)
+
+
+def busy_node(important_waiting: float, burner_starved: float = 0.72) -> list[WorkloadUsage]:
+    """Six burners that each want a whole core on 2 cores, and a Guaranteed pod that waited ``important_waiting``."""
+    burners = [
+        usage(f"be{i}", cores=0.26, waiting=burner_starved, priority=-i, cpu_max=CpuMax(None)) for i in range(6)
+    ]
+    important = usage("g", qos=QosClass.GUARANTEED, cores=0.4, waiting=important_waiting, starved=0.0,
+                      cpu_max=CpuMax(50000))  # fmt: skip
+    return [*burners, important]
+
+
+def throttles(p: Plan) -> list[Throttle]:
+    return [a for a in p.actions if isinstance(a, Throttle)]
+
+
+def test_share_prefers_psi_and_takes_its_own_throttling_off() -> None:
+    """The stall is PSI where the kernel has it, else the threads' wait, less its own throttled time, in 0..1."""
+    base = usage("g", cores=0.4, waiting=0.3)
+    assert stall_share(base) == pytest.approx(0.3)
+    assert stall_share(base._replace(cpu_stall_pct=12.0)) == pytest.approx(0.12)
+    assert stall_share(base._replace(throttled_cores=0.25)) == pytest.approx(0.05)
+    assert stall_share(base._replace(throttled_cores=0.5)) == 0.0
+    assert stall_share(base._replace(waiting_cores=3.0)) == 1.0
+    assert stall_share(usage("idle", cores=0.0, waiting=None)) == 0.0
+    assert stall_share(usage("new", cores=None)) is None
+
+
+def test_no_harm_no_action_on_a_saturated_node() -> None:
+    """A node 100 % busy whose protected pod is not stalled is left alone: busyness is not harm."""
+    p = plan(snapshot(busy_node(important_waiting=0.01), cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    assert p.readings[STALL] == pytest.approx(1.0)
+    assert p.actions == ()
+
+
+def test_harm_throttles_the_batch_work_to_leave_room() -> None:
+    """A stalled protected pod gets about its wait in idle CPU, once the other burners have expanded."""
+    workloads = busy_node(important_waiting=0.2)
+    p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    acted = throttles(p)
+    assert acted and "g" not in {a.workload_id for a in acted}
+    # Everyone takes what it wanted within its (new) limit: the node is left about the pod's wait idle.
+    assert predicted_node(p, workloads) == pytest.approx(2.0 - 0.2, abs=0.05)
+    assert p.readings[STALL] == pytest.approx(20.0)
+
+
+def test_it_measures_again_before_acting_again() -> None:
+    """After a throttle the stall objective cools down: the next tick (still harmed) does not throttle more."""
+    workloads = busy_node(important_waiting=0.2)
+    first = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    second = plan(snapshot(workloads, cpus=2, cores_used=2.0, monotonic=101.0), first.state, SETTINGS)
+    assert throttles(first) and not throttles(second)
+    assert any(b.cause == "cooldown" for b in second.blocked)
+
+
+def test_calm_restores_and_dead_band_holds() -> None:
+    """Between restoreBelow and the threshold nothing moves; below restoreBelow the throttles are raised."""
+    first = plan(snapshot(busy_node(0.2), cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    assert throttles(first)
+    state = dataclasses.replace(first.state, cooldowns={})
+    held = plan(snapshot(busy_node(0.03), cpus=2, cores_used=1.8, monotonic=101.0), state, SETTINGS)
+    assert held.actions == ()
+    assert any(b.cause == "dead-band" for b in held.blocked)
+    calm = plan(snapshot(busy_node(0.005), cpus=2, cores_used=1.8, monotonic=102.0), state, SETTINGS)
+    assert [a for a in calm.actions if isinstance(a, Restore)]
+
+
+def test_a_candidates_stall_is_never_read() -> None:
+    """Only protected workloads' stalls count: a throttled burner's huge wait is not harm to act on."""
+    workloads = busy_node(important_waiting=0.0, burner_starved=5.0)
+    p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    assert p.readings[STALL] == 0.0
+    assert p.actions == ()
+
+
+def test_a_selector_protects_a_burstable_pod_and_keeps_it_off_the_candidates() -> None:
+    """With ``protect`` patterns, the matched pod's stall drives the objective and it is never throttled."""
+    settings = guard(stall_objective(protect=["web-*"]), minQuotaCores=0.05)
+    web = usage("kubepods/burstable/web-1", qos=QosClass.BURSTABLE, cores=0.4, waiting=0.3, starved=0.0)
+    workloads = [*busy_node(important_waiting=0.0), web]
+    p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), settings)
+    assert p.readings[STALL] == pytest.approx(30.0)
+    assert {s.name for s in p.protected} == {"web-1"}, "the default (Guaranteed) no longer applies"
+    assert throttles(p) and web.workload.id not in {a.workload_id for a in throttles(p)}
+
+
+def test_first_sight_blocks_nothing_protected_reads_zero() -> None:
+    """A protected pod without a rate yet leaves the reading unknown; with nothing protected it is 0 (no harm)."""
+    newcomer = usage("g", qos=QosClass.GUARANTEED, cores=None)
+    assert plan(snapshot([newcomer]), GuardState(), SETTINGS).readings[STALL] is None
+    assert plan(snapshot([usage("be")]), GuardState(), SETTINGS).readings[STALL] == 0.0
+
+
+def test_what_if_a_stall_throttles() -> None:
+    """``plan --what-if protected_cpu_stall=30%`` shows what the guard would do were the pod that stalled."""
+    snap = what_if(snapshot(busy_node(0.0), cpus=2, cores_used=2.0), {"protected_cpu_stall": "30%"})
+    p = plan(snap, GuardState(), SETTINGS)
+    assert p.readings[STALL] == 30.0
+    assert throttles(p)
+
+
+def test_the_period_lever_writes_a_short_period() -> None:
+    """guard.throttlePeriodUs: throttles write their quota on that CFS period; the original is kept for restore."""
+    settings = guard(stall_objective(), minQuotaCores=0.05, throttlePeriodUs=10_000)
+    p = plan(snapshot(busy_node(0.2), cpus=2, cores_used=2.0), GuardState(), settings)
+    acted = throttles(p)
+    assert acted and all(a.quota.period_us == 10_000 for a in acted)
+    assert all(a.original == CpuMax(None) for a in acted)
+
+
+@pytest.mark.parametrize(
+    ("objective", "path", "words"),
+    [
+        ({**stall_objective(), "action": "evict", "restoreBelow": None}, "objectives.0.action", "cannot drive"),
+        (
+            {"metric": "cpu_total_usage", "threshold": 1, "restoreBelow": 0.5, "action": "throttle", "protect": ["x"]},
+            "objectives.0",
+            "node metric",
+        ),
+    ],
+)
+def test_config_refuses_what_the_stall_objective_cannot_do(objective: dict[str, Any], path: str, words: str) -> None:
+    """Evicting on a protected workload's stall, or a protect selector on a node metric, is a config error."""
+    with pytest.raises(ValidationError) as caught:
+        guard(objective)
+    errors = caught.value.errors()
+    assert any(".".join(map(str, e["loc"])) == path and words in e["msg"] for e in errors), errors
