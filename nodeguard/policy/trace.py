@@ -15,12 +15,20 @@ from typing import Any
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.workloads import Workload
 from nodeguard.policy.actions import Action, Evict, Restore, Throttle
+from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState, HeldBack
 
 
 def _cpu_max(limit: CpuMax) -> dict[str, Any]:
     return {"quota_us": limit.quota_us, "period_us": limit.period_us, "cores": limit.cores}
+
+
+def lever(quota: CpuMax, original: CpuMax) -> str:
+    """Which knob a throttle turns: the quota, on the workload's own period or another one."""
+    if quota.period_us != original.period_us:
+        return f"cpu.max quota on a {quota.period_us / 1000:g} ms period"
+    return "cpu.max quota"
 
 
 def _workload(workload: Workload) -> dict[str, Any]:
@@ -47,6 +55,7 @@ def _action(action: Action) -> dict[str, Any]:
         data["quota"] = _cpu_max(action.quota)
         data["previous"] = _cpu_max(action.previous)
         data["original"] = _cpu_max(action.original)
+        data["lever"] = lever(action.quota, action.original)
     if isinstance(action, Throttle):
         data["release_cores"] = action.release_cores
     elif isinstance(action, Restore):
@@ -84,6 +93,32 @@ def _state(state: GuardState) -> dict[str, Any]:
         "last_eviction": {("dry_run" if dry else "real"): at for dry, at in state.last_eviction.items()},
         "held_back": {wid: _held_back(h) for wid, h in state.held_back.items()},
     }
+
+
+def _protected(plan: Plan) -> list[dict[str, Any]]:
+    """Each protected workload's stall against the protected_cpu_stall objective's target (None without one)."""
+    line = next((w for w in plan.waterlines.values() if w.metric is Metric.PROTECTED_CPU_STALL), None)
+    # The levers held for it now (this tick's throttles included).
+    levers = sorted(
+        {
+            lever(held.quota, held.original)
+            for held in plan.state.throttles.values()
+            if Metric.PROTECTED_CPU_STALL in held.reasons
+        }
+    )
+    return [
+        {
+            "workload": p.workload_id,
+            "name": p.name,
+            "stall_pct": p.stall_pct,
+            "target_pct": None if line is None else line.threshold,
+            "restore_below_pct": None if line is None else line.restore_below,
+            "harmed": None if line is None or p.stall_pct is None else p.stall_pct > line.threshold,
+            "waiting_cores": p.waiting_cores,
+            "levers": levers,
+        }
+        for p in plan.protected
+    ]
 
 
 def _held_back(hold: HeldBack) -> dict[str, Any]:
@@ -146,5 +181,6 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
         "departed": list(plan.departed),
         "expired": [{"workload": p.workload_id, "metric": str(p.metric), "since": p.since} for p in plan.expired],
         "held_back": [{"workload": h.workload_id, **_held_back(h)} for h in plan.held_back],
+        "protected": _protected(plan),
         "state": _state(plan.state),
     }

@@ -102,6 +102,13 @@ class DaemonCollector(Collector):
             gaps.update({(str(m), direction): v for m, v in values.items()})
         yield _gauge("nodeguard_gap", "How far each metric is past its waterline, by direction.",
                      ["metric", "direction"], gaps)
+        yield _gauge(
+            "nodeguard_protected_cpu_stall_ratio",
+            "A protected workload's CPU stall over the last tick (runnable, not running, its own throttling "
+            "taken off), 0..1.",
+            ["workload"],
+            {(p.workload_id,): p.stall_pct / 100.0 for p in plan.protected if p.stall_pct is not None},
+        )
         blocked: dict[tuple[str, ...], float] = {}
         for b in plan.blocked:
             key = (str(b.metric), str(b.direction), b.cause)

@@ -98,6 +98,11 @@ def _quota(data: dict[str, Any]) -> str:
     return "max" if cores is None else f"{cores:.2f}"
 
 
+def _period(action: dict[str, Any]) -> str:
+    period = action["quota"]["period_us"]
+    return "" if period == action["original"]["period_us"] else f" ({period / 1000:g} ms period)"
+
+
 def render_plan(plan: Plan, candidates_shown: int = 10) -> str:
     """The plan as a person reads it: readings against waterlines, gaps, actions, and why not more."""
     data = plan_to_data(plan, candidate_limit=candidates_shown)
@@ -133,12 +138,31 @@ def render_plan(plan: Plan, candidates_shown: int = 10) -> str:
             a["metric"],
             _num(a["gap_before"], "{:.3g}"),
             _num(a["predicted_release"], "{:.3g}"),
-            _quota(a["previous"]) + " -> " + _quota(a["quota"]) if "quota" in a else "-",
+            _quota(a["previous"]) + " -> " + _quota(a["quota"]) + _period(a) if "quota" in a else "-",
         ]
         for a in data["actions"]
     ]
     if action_rows:
         lines.append(table(["action", "workload", "metric", "gap", "release", "quota"], action_rows))
+    protected = [p for p in data["protected"] if p["target_pct"] is not None]
+    if protected:
+        lines += ["", "protected workloads (protected_cpu_stall)"]
+        lines.append(
+            table(
+                ["workload", "stall", "target", "restore<", "harmed", "lever"],
+                [
+                    [
+                        p["name"],
+                        _num(p["stall_pct"], "{:.1f}%"),
+                        _num(p["target_pct"], "{:.3g}%"),
+                        _num(p["restore_below_pct"], "{:.3g}%"),
+                        {True: "yes", False: "no", None: "-"}[p["harmed"]],
+                        ", ".join(p["levers"]) or "-",
+                    ]
+                    for p in protected
+                ],
+            )
+        )
     for blocked in data["blocked"]:
         lines.append(
             f"not acting on {blocked['metric']} ({blocked['direction']}): {blocked['cause']}: {blocked['detail']}"

@@ -20,6 +20,7 @@ GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__range_s", "__
 # The metrics the dashboard is there to show.
 REQUIRED = {
     "nodeguard_node_usage",
+    "nodeguard_protected_cpu_stall_ratio",
     "nodeguard_waterline",
     "nodeguard_restore_waterline",
     "nodeguard_gap",

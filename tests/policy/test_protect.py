@@ -40,9 +40,7 @@ SETTINGS = guard(stall_objective(), minQuotaCores=0.05)
 
 def busy_node(important_waiting: float, burner_starved: float = 0.72) -> list[WorkloadUsage]:
     """Six burners that each want a whole core on 2 cores, and a Guaranteed pod that waited ``important_waiting``."""
-    burners = [
-        usage(f"be{i}", cores=0.26, waiting=burner_starved, priority=-i, cpu_max=CpuMax(None)) for i in range(6)
-    ]
+    burners = [usage(f"be{i}", cores=0.26, waiting=burner_starved, priority=-i, cpu_max=CpuMax(None)) for i in range(6)]
     important = usage("g", qos=QosClass.GUARANTEED, cores=0.4, waiting=important_waiting, starved=0.0,
                       cpu_max=CpuMax(50000))  # fmt: skip
     return [*burners, important]
@@ -163,3 +161,18 @@ def test_config_refuses_what_the_stall_objective_cannot_do(objective: dict[str, 
         guard(objective)
     errors = caught.value.errors()
     assert any(".".join(map(str, e["loc"])) == path and words in e["msg"] for e in errors), errors
+
+
+def test_plan_shows_each_protected_stall_against_its_target_and_the_lever() -> None:
+    """`nodeguard plan` and the trace show the protected pod's stall, its target, that it is harmed, and the lever."""
+    from nodeguard.policy.trace import plan_to_data
+    from nodeguard.surfaces.render import render_plan
+
+    settings = guard(stall_objective(), minQuotaCores=0.05, throttlePeriodUs=10_000)
+    p = plan(snapshot(busy_node(0.2), cpus=2, cores_used=2.0), GuardState(), settings)
+    [shown] = plan_to_data(p)["protected"]
+    assert shown["name"] == "g" and shown["stall_pct"] == pytest.approx(20.0)
+    assert (shown["target_pct"], shown["harmed"]) == (5.0, True)
+    assert shown["levers"] == ["cpu.max quota on a 10 ms period"]
+    text = render_plan(p)
+    assert "protected workloads" in text and "20.0%" in text and "(10 ms period)" in text
