@@ -487,6 +487,8 @@ class _Tick:
                 dry_run=dry,
             )
         )
+        # Its demand as it was before this throttle: the new limit caps the wait that counts.
+        demand = held.demand_cores if held is not None else self._demand(usage)
         self.planned[workload.id] = quota
         self.released_cores += release
         if not dry:
@@ -496,7 +498,7 @@ class _Tick:
                 quota=quota,
                 reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
                 since=held.since if held is not None else self.now,
-                demand_cores=held.demand_cores if held is not None else self._demand(usage),
+                demand_cores=demand,
             )
 
     def _demand(self, usage: WorkloadUsage) -> float | None:
@@ -628,6 +630,7 @@ class _Tick:
         reasons = frozenset().union(*(h.reasons for h in self.throttles.values()))
         budget = self.guard.restore_step_percent / 100.0 * self.node.cpus
         closed_loop: list[Metric] = []
+        paced: list[Metric] = []
         for line in lines:
             if not self._calm(line, reasons):
                 return False
@@ -636,9 +639,13 @@ class _Tick:
                 continue  # no sample, and nothing held for this metric
             if line.quantified:
                 budget = min(budget, up / self._per_unit(line.metric))
+            elif CAPABILITIES[line.metric].protected:
+                paced.append(line.metric)  # a step across the throttles, then measure the harm again
             else:
                 closed_loop.append(line.metric)
-        self._raise(budget, closed_loop)
+        if self._raise(budget, closed_loop):
+            for metric in paced:
+                self.cooldowns[(metric, Direction.RESTORE)] = self.guard.cooldown_ticks
         return True
 
     def _room(self, line: Waterline, value: float) -> float:
@@ -698,11 +705,13 @@ class _Tick:
 
     def _raise(
         self, budget: float, closed_loop: list[Metric], only: set[str] | None = None, refill: bool = False
-    ) -> None:
+    ) -> bool:
+        """Raise held quotas within ``budget`` cores, most important first; whether any was raised."""
         held = [
             self.workloads[wid] for wid in self.throttles if wid not in self.evictions and (only is None or wid in only)
         ]
         spent = 0.0
+        emitted = False
         # Most important first: the reverse of the order in which they were picked.
         for usage in reversed(GENERAL_SORTER.sort(held)):
             throttle = self.throttles[usage.workload.id]
@@ -724,13 +733,15 @@ class _Tick:
                 if spent == 0 and not refill:
                     detail = f"a step of {_fmt(left)} cores is under minChangePercent"
                     self.block(_first(throttle.reasons), Direction.RESTORE, "step-too-small", detail)
-                return
+                return emitted
             spent += step
+            emitted = True
             self._emit_restore(usage, throttle, new, step=step, full=full, spent=spent, refill=refill)
             if closed_loop:
                 for metric in closed_loop:
                     self.cooldowns[(metric, Direction.RESTORE)] = self.guard.cooldown_ticks
-                return  # closed loop: one workload, then measure again
+                return True  # closed loop: one workload, then measure again
+        return emitted
 
     def _emit_restore(
         self,

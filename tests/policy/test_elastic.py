@@ -130,3 +130,11 @@ def test_a_refill_never_releases_a_starved_workload_past_the_room() -> None:
     result = plan(snapshot(workloads, cpus=2, cores_used=1.28), GuardState(throttles=held), settings)
     [step] = [a for a in result.actions if isinstance(a, Restore)]
     assert not step.full and step.quota == CpuMax(71000 + 5000), "half of 0.1 cores of room, not the original"
+
+
+def test_a_throttle_remembers_the_demand_before_it() -> None:
+    """A starved burner's recorded demand is its usage plus its unmet wait, not what its new limit lets it wait."""
+    workloads = elastic_node(burner_waiting=0.72)
+    p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
+    demands = {wid: held.demand_cores for wid, held in p.state.throttles.items()}
+    assert demands and all(d == pytest.approx(0.28 + 0.72, abs=0.05) for d in demands.values()), demands

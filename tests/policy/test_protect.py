@@ -16,7 +16,9 @@ from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan, plan
 from nodeguard.policy.stall import stall_share
 from nodeguard.policy.state import GuardState
+from nodeguard.policy.trace import plan_to_data
 from nodeguard.policy.whatif import what_if
+from nodeguard.surfaces.render import render_plan
 from tests.policy.builders import guard, snapshot, usage
 from tests.policy.test_elastic import predicted_node
 
@@ -90,7 +92,8 @@ def test_it_measures_again_before_acting_again() -> None:
 
 
 def test_calm_restores_and_dead_band_holds() -> None:
-    """Between restoreBelow and the threshold nothing moves; below restoreBelow the throttles are raised."""
+    """Between restoreBelow and the threshold nothing moves; below it the throttles go up by restoreStepPercent
+    of the node in all, then the harm is measured again (a cool-down) before the next step."""
     first = plan(snapshot(busy_node(0.2), cpus=2, cores_used=2.0), GuardState(), SETTINGS)
     assert throttles(first)
     state = dataclasses.replace(first.state, cooldowns={})
@@ -98,7 +101,10 @@ def test_calm_restores_and_dead_band_holds() -> None:
     assert held.actions == ()
     assert any(b.cause == "dead-band" for b in held.blocked)
     calm = plan(snapshot(busy_node(0.005), cpus=2, cores_used=1.8, monotonic=102.0), state, SETTINGS)
-    assert [a for a in calm.actions if isinstance(a, Restore)]
+    raised = [a for a in calm.actions if isinstance(a, Restore)]
+    assert raised and sum(a.quota.cores - a.previous.cores for a in raised) == pytest.approx(0.2), "restoreStep"
+    again = plan(snapshot(busy_node(0.005), cpus=2, cores_used=1.8, monotonic=103.0), calm.state, SETTINGS)
+    assert again.actions == () and any(b.cause == "cooldown" for b in again.blocked), "measures before the next"
 
 
 def test_a_candidates_stall_is_never_read() -> None:
@@ -165,9 +171,6 @@ def test_config_refuses_what_the_stall_objective_cannot_do(objective: dict[str, 
 
 def test_plan_shows_each_protected_stall_against_its_target_and_the_lever() -> None:
     """`nodeguard plan` and the trace show the protected pod's stall, its target, that it is harmed, and the lever."""
-    from nodeguard.policy.trace import plan_to_data
-    from nodeguard.surfaces.render import render_plan
-
     settings = guard(stall_objective(), minQuotaCores=0.05, throttlePeriodUs=10_000)
     p = plan(snapshot(busy_node(0.2), cpus=2, cores_used=2.0), GuardState(), settings)
     [shown] = plan_to_data(p)["protected"]
