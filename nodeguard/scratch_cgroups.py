@@ -76,8 +76,11 @@ def remove_cgroup_dir(path: Path) -> bool:
 
 
 @contextlib.contextmanager
-def created(groups: ScratchCgroups, programs: dict[str, str]) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Create the groups and start each one's Python program in it; kill and remove everything after."""
+def created(
+    groups: ScratchCgroups, programs: dict[str, str], args: dict[str, list[str]] | None = None
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Create the groups and start each one's Python program (with its ``args``) in it; kill and remove
+    everything after."""
     procs: list[subprocess.Popen[bytes]] = []
     parents = sorted({d.parent for d in groups.created})
     try:
@@ -88,7 +91,7 @@ def created(groups: ScratchCgroups, programs: dict[str, str]) -> Iterator[list[s
         for directory in groups.created:
             directory.mkdir()
         for name, dirs in groups.dirs.items():
-            proc = subprocess.Popen([sys.executable, "-c", programs[name]])
+            proc = subprocess.Popen([sys.executable, "-c", programs[name], *(args or {}).get(name, [])])
             procs.append(proc)
             for directory in dirs:
                 (directory / "cgroup.procs").write_text(str(proc.pid))
