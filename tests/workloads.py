@@ -93,7 +93,7 @@ def probe_iterations(text: str) -> int | None:
 def probe_lateness(text: str, since_us: int = 0, until_us: int | None = None) -> list[float]:
     """Lateness in ms of the units released in [since_us, until_us) (monotonic µs); a torn last line is skipped."""
     found = []
-    for line in text.splitlines():
+    for line in text.split("\n")[:-1]:  # the last piece is empty or a line still being written
         fields = line.split()
         if len(fields) != 2 or line.startswith("#") or not all(f.lstrip("-").isdigit() for f in fields):
             continue
