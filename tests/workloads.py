@@ -33,8 +33,8 @@ def start_duty_cycle(share: float, *groups: Path) -> subprocess.Popen[bytes]:
 # unit starts at once, no release is skipped), writing one line per unit: its release and its
 # lateness (finish - release, its response time), both in µs of CLOCK_MONOTONIC (shared with the
 # reader, which slices a measured window by release time). argv: output file, loop iterations of
-# one unit; 0 iterations calibrates first (the fastest of 30 tries of a 4 ms unit, i.e. the unit
-# alone) and writes a "# iterations N" line the caller can reuse so every run does the same work.
+# one unit; 0 iterations calibrates first (the median of 100 tries of a 4 ms unit, so a
+# unit costs about 4 ms as the machine usually runs) and writes a "# iterations N" line the caller can reuse so every run does the same work.
 PROBE_UNIT_S = 0.004
 PROBE_PERIOD_S = 0.010
 PROBE = """
@@ -56,7 +56,7 @@ if iterations <= 0:
     n = 20000
     while timed(n) < unit / 4:
         n *= 2
-    best = min(timed(n) for _ in range(30))
+    best = sorted(timed(n) for _ in range(100))[50]
     iterations = max(1, round(n * unit / best))
     out.write(f"# iterations {iterations}\\n")
 t0 = time.monotonic()
