@@ -6,13 +6,16 @@ import itertools
 import time
 from pathlib import Path
 
-from tests.workloads import probe_iterations, probe_lateness, start_probe
+import pytest
+
+from tests.workloads import CPU_UNITS, probe_iterations, probe_lateness, start_probe
 
 
-def test_probe_calibrates_and_reports_one_lateness_per_released_unit(tmp_path: Path) -> None:
-    """A real probe writes its calibration and, per 10 ms release, a lateness of at least part of its 4 ms unit."""
+@pytest.mark.parametrize("iterations", [0, CPU_UNITS], ids=["calibrated", "cpu_time"])
+def test_probe_reports_one_lateness_per_released_unit(tmp_path: Path, iterations: int) -> None:
+    """A real probe (calibrated work, or 4 ms of CPU) reports per 10 ms release a lateness of at least its work."""
     out = tmp_path / "probe.txt"
-    probe = start_probe(out, 0)
+    probe = start_probe(out, iterations)
     try:
         deadline = time.monotonic() + 20
         while len(probe_lateness(out.read_text() if out.exists() else "")) < 20:
@@ -23,8 +26,8 @@ def test_probe_calibrates_and_reports_one_lateness_per_released_unit(tmp_path: P
         probe.terminate()
         probe.wait(5)
     text = out.read_text()
-    iterations = probe_iterations(text)
-    assert iterations is not None and iterations > 0
+    calibrated = probe_iterations(text)
+    assert (calibrated is not None and calibrated > 0) if iterations == 0 else calibrated is None
     lateness = probe_lateness(text)
     assert min(lateness) >= 1.0, "every unit is late by at least its work (4 ms alone; 1 ms leaves room for turbo)"
     releases = [int(line.split()[0]) for line in text.splitlines() if not line.startswith("#") and len(line.split()) == 2]

@@ -33,10 +33,14 @@ def start_duty_cycle(share: float, *groups: Path) -> subprocess.Popen[bytes]:
 # unit starts at once, no release is skipped), writing one line per unit: its release and its
 # lateness (finish - release, its response time), both in µs of CLOCK_MONOTONIC (shared with the
 # reader, which slices a measured window by release time). argv: output file, loop iterations of
-# one unit; 0 iterations calibrates first (the median of 100 tries of a 4 ms unit, so a
-# unit costs about 4 ms as the machine usually runs) and writes a "# iterations N" line the caller can reuse so every run does the same work.
+# one unit; 0 calibrates first (the median of 100 tries of a 4 ms unit) and writes a
+# "# iterations N" line the caller can reuse so every run does the same work; -1 (CPU_UNITS) makes
+# each unit spin until the process has used 4 ms of CPU: on a VM whose vCPU speed swings with its
+# host's load (here 2x within minutes), a fixed count of iterations is not a fixed CPU demand, and
+# a demand over the pod's limit makes the probe throttle itself.
 PROBE_UNIT_S = 0.004
 PROBE_PERIOD_S = 0.010
+CPU_UNITS = -1
 PROBE = """
 import signal, sys, time
 out = open(sys.argv[1], "a", buffering=1)
@@ -48,7 +52,13 @@ def work(n):
     for i in range(n):
         x += i
     return x
-if iterations <= 0:
+if iterations < 0:
+    def work(_):
+        end = time.thread_time() + unit
+        while time.thread_time() < end:
+            for i in range(200):
+                pass
+elif iterations == 0:
     def timed(n):
         start = time.perf_counter()
         work(n)
