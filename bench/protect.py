@@ -245,7 +245,8 @@ def refused(config: dict[str, Any], workdir: Path) -> str | None:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     if done.returncode == 0:
         return None
-    return f"check-config exit {done.returncode}: " + " ".join((done.stdout + done.stderr).split())[:400]
+    said = " ".join((done.stdout + done.stderr).replace(f"{path}:", "").split())
+    return f"check-config exit {done.returncode}: {said[:400]}"
 
 
 @dataclass
@@ -403,6 +404,10 @@ def applied(node: Node, lever: Lever) -> Iterator[None]:
             if lever.shares is not None and lever.shares_on_tiers:
                 set_file(node.cpu / tier / "cpu.shares", lever.shares)
             if lever.idle_tiers:
+                # Unsetting cpu.idle leaves cpu.shares at 1024 (seen on 6.18, v1), not what it was: record the
+                # shares first so they are written back after cpu.idle.
+                shares = node.cpu / tier / "cpu.shares"
+                files.setdefault(shares, shares.read_text().strip())
                 set_file(node.cpu / tier / "cpu.idle", 1)
         yield
     finally:
