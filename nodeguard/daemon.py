@@ -262,7 +262,7 @@ class Daemon:
             if not carried.refused or attempt == MAX_PASSES:
                 break
             state = state.with_held_back(carried.refused)
-        self.state = carried.state.without_held_back(written)
+        self.state = self.executor.reweigh(plan, carried.state.without_held_back(written))
         return plan
 
     def _notify_tick(self, plan: Plan) -> None:
@@ -342,6 +342,11 @@ class Daemon:
                     "children": {p: {"original": c.original, "applied": c.applied} for p, c in e.children.items()},
                 }
                 for wid, e in self.ledger.entries.items()
+            },
+            "weights": {
+                group: {"original": w.original, "applied": w.applied, "file": self.executor.weights.file.name,
+                        "reason": w.reason, "since": w.changed_at}
+                for group, w in self.ledger.weights.items()
             },
             "heldBack": {
                 wid: {"error": h.error, "file": h.file, "detail": h.detail, "failures": h.failures,

@@ -18,7 +18,9 @@ from nodeguard.log import get_logger
 
 log = get_logger("nodeguard.writer")
 
-WRITABLE_FILES = frozenset({"cpu.max", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cgroup.freeze", "cgroup.kill"})
+WRITABLE_FILES = frozenset(
+    {"cpu.max", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.shares", "cpu.weight", "cgroup.freeze", "cgroup.kill"}
+)
 _GONE = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
 # Refusals that mean nodeguard cannot write at all (not root, a read-only mount), not one workload's trouble.
 _NOT_PERMITTED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})

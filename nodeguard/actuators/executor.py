@@ -18,17 +18,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeguard.actuators.cpu_quota import LimitRefused, LimitWrite, QuotaWriter, rate_above
+from nodeguard.actuators.cpu_weight import WeightWriter
 from nodeguard.actuators.evictors import Evictor
-from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, LimitRecord, Ownership
-from nodeguard.actuators.restore import Outcome, restore_all
+from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, LimitRecord, Ownership, WeightRecord
+from nodeguard.actuators.restore import Outcome, restore_all, restore_weight
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
-from nodeguard.policy.actions import Evict, Restore, Throttle
+from nodeguard.policy.actions import Evict, Restore, Reweigh, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
-from nodeguard.policy.state import GuardState, HeldBack, HeldThrottle, held_back_after
+from nodeguard.policy.state import GuardState, HeldBack, HeldThrottle, LoweredWeight, held_back_after
 
 log = get_logger("nodeguard.executor")
 
@@ -92,9 +93,17 @@ def _with_throttle(state: GuardState, workload_id: str, held: HeldThrottle | Non
 
 class Executor:
     def __init__(
-        self, quota: QuotaWriter, evictor: Evictor, ledger: Ledger, spawn: Spawn, holds: HoldTimes | None = None
+        self,
+        quota: QuotaWriter,
+        evictor: Evictor,
+        ledger: Ledger,
+        spawn: Spawn,
+        holds: HoldTimes | None = None,
+        *,
+        weights: WeightWriter | None = None,
     ) -> None:
         self.quota = quota
+        self.weights = weights or WeightWriter(quota.writer, quota.version)
         self.evictor = evictor
         self.ledger = ledger
         self.spawn = spawn
@@ -420,6 +429,118 @@ class Executor:
         self.quota.perform(writes, **context)
         self.ledger.record(self._recorded(workload_id, held.original, held.quota, writes, entry.reason, pending=False))
 
+    # --- CPU weights (protected_cpu_stall) ------------------------------------------
+
+    def reweigh(self, plan: Plan, state: GuardState) -> GuardState:
+        """Lower or put back the plan's weights (ledger first), and re-assert the others that drifted."""
+        lowered = dict(state.lowered)
+        touched: set[str] = set()
+        for action in plan.reweighs:
+            if action.dry_run:
+                self.counters.count(action.kind, str(action.metric), True)
+                log.info("dry run: would reweigh", group=action.group, lower=action.lower, reason=action.reason)
+                continue
+            touched.add(action.group)
+            if action.lower:
+                if not self._lower_weight(action):
+                    lowered.pop(action.group, None)
+            else:
+                self._weight_back(action)
+        for group in lowered.keys() - touched:
+            if not self._reassert_weight(group):
+                lowered.pop(group, None)
+        return replace(state, lowered=lowered)
+
+    def _lower_weight(self, action: Reweigh) -> bool:
+        group, least = action.group, self.weights.least
+        held = self.ledger.weights.get(group)
+        try:
+            current = self.weights.read(group)
+        except CgroupGone:
+            self.ledger.weights.pop(group, None)
+            return False
+        except (OSError, ParseError, ActuationRefused) as exc:
+            return self._weight_failed(group, "read", exc)
+        original = held.original if held is not None else current
+        self.ledger.weights[group] = WeightRecord(
+            group=group, cgroup_version="v2" if self.weights.version == "v2" else "v1", original=original,
+            applied=held.applied if held is not None else current, pending=least, reason=action.reason,
+            changed_at=time.time(),
+        )  # fmt: skip
+        if not self._save("before lowering a weight"):
+            self._forget_weight(group, held)
+            self.counters.withheld += 1
+            return False
+        try:
+            self.weights.write(group, least, action=action.kind, reason=action.reason)
+        except CgroupGone:
+            self.ledger.weights.pop(group, None)
+            self._save("a group left")
+            return False
+        except (OSError, ActuationRefused) as exc:
+            self._forget_weight(group, held)
+            self._save("a weight refused")
+            return self._weight_failed(group, "write", exc)
+        self.ledger.weights[group] = replace(self.ledger.weights[group], applied=least, pending=None)
+        self._save("after lowering a weight")
+        self.counters.count(action.kind, str(action.metric), False)
+        log.info("reweigh", group=group, weight=least, original=original, file=self.weights.file.name,
+                 workloads=list(action.workloads), reason=action.reason)  # fmt: skip
+        return True
+
+    def _forget_weight(self, group: str, held: WeightRecord | None) -> None:
+        if held is None:
+            self.ledger.weights.pop(group, None)
+        else:
+            self.ledger.weights[group] = held
+
+    def _weight_back(self, action: Reweigh) -> None:
+        record = self.ledger.weights.get(action.group)
+        if record is None:
+            return
+        outcome = restore_weight(self.weights, record)
+        if outcome is Outcome.FAILED:
+            self.counters.failed += 1
+            return
+        del self.ledger.weights[action.group]
+        self._save("after putting a weight back")
+        self.counters.count(action.kind, str(action.metric), False)
+        log.info("reweigh", group=action.group, weight=record.original, restored=True, reason=action.reason)
+
+    def _reassert_weight(self, group: str) -> bool:
+        """A lowered weight someone rewrote (kubelet, as pods come and go) is theirs to keep as the original;
+        nodeguard's goes back. False when the group is gone or nothing of it is recorded."""
+        record = self.ledger.weights.get(group)
+        if record is None:
+            return False
+        try:
+            current = self.weights.read(group)
+            if record.is_ours(current):
+                return True
+            self.ledger.weights[group] = replace(record, original=current, pending=record.applied)
+            if not self._save("before re-asserting a weight"):
+                self.ledger.weights[group] = record
+                return True
+            self.quota.writer.counters.drift += 1
+            log.warning("weight drift re-asserted", group=group, found=current, weight=record.applied)
+            self.weights.write(group, record.applied, action="reassert")
+        except CgroupGone:
+            self.ledger.weights.pop(group, None)
+            self._save("a group left")
+            return False
+        except (OSError, ParseError, ActuationRefused) as exc:
+            self._weight_failed(group, "reassert", exc)
+            return True
+        self.ledger.weights[group] = replace(self.ledger.weights[group], pending=None)
+        self._save("after re-asserting a weight")
+        return True
+
+    def _weight_failed(self, group: str, what: str, exc: Exception) -> bool:
+        self.counters.failed += 1
+        if self._errors.allow(f"{group}:weight:{what}"):
+            log.error("weight change refused", group=group, step=what, file=self.weights.file.name, error=str(exc))
+        return False
+
     # --- evictions ---------------------------------------------------------------
 
     def _evict(self, action: Evict) -> None:
@@ -467,8 +588,20 @@ class Executor:
             reasons = frozenset({Metric(entry.reason)}) if entry.reason in Metric._value2member_map_ else frozenset()
             throttles[entry.workload_id] = HeldThrottle(entry.workload_id, entry.original_limit, current, reasons, now)
             self.ledger.record(replace(entry, applied=current.render_v2(), pending=None))
+        lowered: dict[str, LoweredWeight] = {}
+        for record in list(self.ledger.weights.values()):
+            try:
+                weight: int | None = self.weights.read(record.group)
+            except (CgroupGone, OSError, ActuationRefused, ParseError):
+                weight = None
+            if weight is None or record.cgroup_version != self.weights.version or not record.is_ours(weight):
+                log.warning("ledger weight no longer ours; forgotten", group=record.group)
+                del self.ledger.weights[record.group]
+                continue
+            lowered[record.group] = LoweredWeight(record.group, now)
+            self.ledger.weights[record.group] = replace(record, applied=weight, pending=None)
         self._save("adopting")
-        return GuardState(throttles=throttles)
+        return GuardState(throttles=throttles, lowered=lowered)
 
     def restore_everything(self) -> dict[Outcome, list[str]]:
-        return restore_all(self.ledger, self.quota)
+        return restore_all(self.ledger, self.quota, self.weights)

@@ -10,6 +10,9 @@ descendant cgroup nodeguard had to change with it (cgroup v1 refuses a parent
 quota below a child's, so children are capped first). Each entry is checked on
 its own when the file is read: a bad entry is set aside alone, in a file
 beside the ledger, and the good ones are still restored.
+
+CPU weights lowered for protected_cpu_stall are kept alike, under ``weights``
+(one record per group; a ledger without weights is written as before).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, TypeAdapter, ValidationError
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
 
 from nodeguard.atomic_file import UnsafeFile, read_state_file, set_aside, write_atomic
 from nodeguard.errors import NodeguardError, ParseError
@@ -118,7 +121,24 @@ def entry(
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WeightRecord:
+    """A group's CPU weight (cpu.shares on v1, cpu.weight on v2): before nodeguard, as nodeguard set it."""
+
+    group: str
+    cgroup_version: Literal["v1", "v2"]
+    original: Annotated[int, Field(ge=1, le=262144)]
+    applied: Annotated[int, Field(ge=1, le=262144)]
+    pending: Annotated[int, Field(ge=1, le=262144)] | None = None  # about to be written
+    reason: str = ""
+    changed_at: float = 0.0
+
+    def is_ours(self, current: int) -> bool:
+        return current in (self.applied, self.pending)
+
+
 _ENTRY = TypeAdapter(LedgerEntry)
+_WEIGHT = TypeAdapter(WeightRecord)
 
 
 class LedgerUnsaved(NodeguardError):
@@ -134,6 +154,7 @@ class Ledger:
     def __init__(self, path: str) -> None:
         self.path = path
         self.entries: dict[str, LedgerEntry] = {}
+        self.weights: dict[str, WeightRecord] = {}
         self.set_aside: str | None = None  # where an unreadable file was moved
         self.rejected: str | None = None  # where entries that failed their checks were kept
 
@@ -161,6 +182,9 @@ class Ledger:
             items = document.get("entries")
             if not isinstance(items, list):
                 raise ValueError("'entries' is not a list")
+            weights = document.get("weights", [])
+            if not isinstance(weights, list):
+                raise ValueError("'weights' is not a list")
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             aside = set_aside(path)
             ledger.set_aside = aside
@@ -181,9 +205,22 @@ class Ledger:
                 log.error("ledger entry rejected: duplicate or empty workload", path=path, workload=found.workload_id)
                 continue
             ledger.entries[found.workload_id] = found
-        if rejected:
+        rejected_weights: list[Any] = []
+        for item in weights:
+            try:
+                weight = _WEIGHT.validate_python(item)
+            except ValidationError as exc:
+                rejected_weights.append(item)
+                log.error("ledger weight rejected; the others are kept", path=path, problem=str(exc.errors()[0]["msg"]))
+                continue
+            if weight.group in ledger.weights or not weight.group:
+                rejected_weights.append(item)
+                continue
+            ledger.weights[weight.group] = weight
+        if rejected or rejected_weights:
             ledger.rejected = f"{path}.rejected-{int(time.time())}"
-            body = json.dumps({"version": LEDGER_VERSION, "entries": rejected}, indent=1, default=str)
+            document = {"version": LEDGER_VERSION, "entries": rejected, "weights": rejected_weights}
+            body = json.dumps(document, indent=1, default=str)
             try:
                 write_atomic(ledger.rejected, body.encode())
             except OSError as exc:
@@ -217,7 +254,9 @@ class Ledger:
 
     def save(self) -> None:
         """Write the ledger; LedgerUnsaved when the filesystem refuses (nothing in memory changes)."""
-        payload = {"version": LEDGER_VERSION, "entries": [_encode(e) for e in self.entries.values()]}
+        payload: dict[str, Any] = {"version": LEDGER_VERSION, "entries": [_encode(e) for e in self.entries.values()]}
+        if self.weights:
+            payload["weights"] = [_WEIGHT.dump_python(w, mode="json") for w in self.weights.values()]
         try:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
             write_atomic(self.path, json.dumps(payload, indent=1, sort_keys=True).encode())

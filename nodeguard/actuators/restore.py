@@ -12,7 +12,8 @@ from collections import defaultdict
 from enum import StrEnum
 
 from nodeguard.actuators.cpu_quota import LimitRefused, QuotaWriter
-from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, Ownership
+from nodeguard.actuators.cpu_weight import WeightWriter
+from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, Ownership, WeightRecord
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import get_logger
 from nodeguard.model.samples import CpuMax
@@ -60,8 +61,31 @@ def restore_entry(quota: QuotaWriter, entry: LedgerEntry) -> Outcome:
     return Outcome.CHANGED if ownership is Ownership.MOVED else Outcome.RESTORED
 
 
-def restore_all(ledger: Ledger, quota: QuotaWriter) -> dict[Outcome, list[str]]:
-    """Restore every entry; all but failed ones leave the ledger, which is saved if it can be.
+def restore_weight(weights: WeightWriter, record: WeightRecord) -> Outcome:
+    """Put a group's original weight back where the kernel still holds nodeguard's."""
+    if record.cgroup_version != weights.version:
+        log.warning("ledger weight from another cgroup version; left alone", group=record.group)
+        return Outcome.FAILED
+    try:
+        current = weights.read(record.group)
+        if current == record.original:
+            return Outcome.ALREADY
+        if not record.is_ours(current):
+            log.warning("weight changed by someone else since nodeguard set it; keeping theirs",
+                        group=record.group, current=current, applied=record.applied)  # fmt: skip
+            return Outcome.CHANGED
+        weights.write(record.group, record.original, reason="restore")
+    except CgroupGone:
+        return Outcome.GONE
+    except (OSError, ParseError, ActuationRefused) as exc:
+        log.error("weight restore refused", group=record.group, error=str(exc))
+        return Outcome.FAILED
+    return Outcome.RESTORED
+
+
+def restore_all(ledger: Ledger, quota: QuotaWriter, weights: WeightWriter | None = None) -> dict[Outcome, list[str]]:
+    """Restore every entry (and with ``weights``, every lowered weight); all but failed ones leave the ledger,
+    which is saved if it can be.
 
     The kernel files are written first: a ledger that cannot be saved (a full
     disk) never blocks a restore, it only keeps entries a later start finds
@@ -73,6 +97,13 @@ def restore_all(ledger: Ledger, quota: QuotaWriter) -> dict[Outcome, list[str]]:
         outcomes[outcome].append(entry.workload_id)
         if outcome is not Outcome.FAILED and not quota.writer.dry_run:
             ledger.forget(entry.workload_id)
+    for record in list(ledger.weights.values()):
+        if weights is None:
+            break
+        outcome = restore_weight(weights, record)
+        outcomes[outcome].append(record.group)
+        if outcome is not Outcome.FAILED and not quota.writer.dry_run:
+            del ledger.weights[record.group]
     if not quota.writer.dry_run:
         try:
             ledger.save()

@@ -74,6 +74,24 @@ class Evict:
 
 Action = Throttle | Restore | Evict
 
+
+@dataclass(frozen=True, slots=True)
+class Reweigh:
+    """Lower a group's CPU weight to the kernel's least, or put its original back (protected_cpu_stall).
+
+    The group need not be a workload: it is where CFS weighs the candidates
+    against the protected workload (policy.stall.competing_group), often a
+    kubelet QoS tier. Work-conserving: the group still gets every idle cycle.
+    """
+
+    group: str  # cgroup path relative to the root
+    metric: Metric
+    reason: str
+    lower: bool  # False: the original weight back
+    workloads: tuple[str, ...]  # the candidates it holds back (for the record)
+    dry_run: bool
+    kind: Literal["reweigh"] = "reweigh"
+
 Cause = Literal[
     "missing-sample",  # the circuit breaker: no fresh value for the metric or a candidate
     "confirming",  # past (or below) the line for fewer ticks than triggerAfter (restoreAfter)

@@ -53,19 +53,30 @@ from dataclasses import dataclass, replace
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot, WorkloadUsage
-from nodeguard.policy.actions import Action, Blocked, Cause, Evict, Restore, Throttle
+from nodeguard.policy.actions import Action, Blocked, Cause, Evict, Restore, Reweigh, Throttle
 from nodeguard.policy.gaps import Gaps, compute_gaps
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import GENERAL_SORTER, Ranked, ordering
 from nodeguard.policy.settings import GuardSettings
-from nodeguard.policy.stall import Stall, is_protected, stalls, worst
-from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, HeldBack, HeldThrottle, Key, PendingEviction
+from nodeguard.policy.stall import Stall, competing_group, covers, is_protected, stalls, worst
+from nodeguard.policy.state import (
+    STREAK_CAP,
+    Direction,
+    GuardState,
+    HeldBack,
+    HeldThrottle,
+    Key,
+    LoweredWeight,
+    PendingEviction,
+)
 from nodeguard.policy.waterlines import ActionKind, Waterline, resolve_waterlines
 
 MIN_QUOTA_US = 1000  # the kernel refuses a smaller cfs quota
 # A gap under one millicore (Kubernetes' smallest CPU unit) is closed: quotas
 # are whole microseconds, and rounding must not touch one more workload.
 CLOSED_CORES = 1e-3
+# A candidate using less CPU than this does no harm to make room from.
+ACTIVE_CORES = 0.01
 _METRIC_ORDER = {metric: index for index, metric in enumerate(CAPABILITIES)}
 
 
@@ -82,6 +93,7 @@ class Plan:
     expired: tuple[PendingEviction, ...]  # evictions that outlived evictions.terminationTimeoutSeconds
     held_back: tuple[HeldBack, ...]  # workloads left out as candidates: their last write was refused
     protected: tuple[ProtectedStall, ...]  # each protected workload's CPU stall (protected_cpu_stall)
+    reweighs: tuple[Reweigh, ...]  # CPU weights to lower or put back (protected_cpu_stall)
     workloads: int
     candidates: int | None  # None when no action needed them
     state: GuardState  # for the next tick
@@ -127,6 +139,12 @@ class _Tick:
         self.worst_stall = worst(self.stalls)
         if self.readings[Metric.PROTECTED_CPU_STALL] is None:  # no what-if value
             self.readings[Metric.PROTECTED_CPU_STALL] = self._protected_reading()
+        self.lowered = dict(state.lowered)
+        self.reweighs: list[Reweigh] = []
+        self.last_harm = state.last_harm
+        stall = self.readings[Metric.PROTECTED_CPU_STALL]
+        if self.stall_line is not None and stall is not None and stall > self.stall_line.threshold:
+            self.last_harm = self.now
         self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
         self.margin = guard.target_margin_percent / 100.0 * self.node.cpus
 
@@ -269,6 +287,7 @@ class _Tick:
         throttle_lines = [line for line in lines if line.action == "throttle"]
         if not self.restore(throttle_lines):
             self.refill(throttle_lines)
+        self._restore_weights()
         new_state = GuardState(
             streaks=self.streaks,
             cooldowns=self.cooldowns,
@@ -276,6 +295,8 @@ class _Tick:
             evictions=self.evictions,
             last_eviction=self.last_eviction,
             held_back=self.held_back,
+            lowered=self.lowered,
+            last_harm=self.last_harm,
         )
         return Plan(
             monotonic=self.now,
@@ -297,6 +318,7 @@ class _Tick:
                 )
                 for s in self.stalls
             ),
+            reweighs=tuple(self.reweighs),
             workloads=len(self.workloads),
             candidates=None if self._candidates is None else len(self._candidates),
             state=new_state,
@@ -314,6 +336,8 @@ class _Tick:
             return
         ranked = self.ranked(line.sort_by)
         if CAPABILITIES[metric].protected:
+            if self.guard.protect_lever == "weight" and self._lower_weights(line, ranked):
+                return
             self._throttle_for_stall(line, gap, ranked)
         elif line.quantified:
             self._throttle_precisely(line, gap, ranked)
@@ -336,6 +360,74 @@ class _Tick:
         if remaining >= CLOSED_CORES:
             detail = f"{_fmt(remaining * per_unit)} of the gap stays open: no candidate can release more"
             self.block(line.metric, Direction.THROTTLE, "exhausted", detail + self._holding_note())
+
+    def _protected_ids(self) -> list[str]:
+        return [s.usage.workload.id if isinstance(s, Stall) else s.workload.id for s in self.stalls]
+
+    def _lower_weights(self, line: Waterline, ranked: Ranked) -> bool:
+        """The first lever: lower the weight of every group that competes with the most stalled protected
+        workload and holds an active candidate (never a group holding a protected workload); False when none
+        is left to lower."""
+        protected = self._protected_ids()
+        harmed = self.worst_stall
+        target = harmed.usage.workload.id if harmed is not None else (protected[0] if protected else None)
+        if target is None:
+            return False  # a what-if with nothing protected on the node: nobody to weigh against
+        groups: dict[str, list[str]] = {}
+        for _, usage in ranked:
+            if (usage.cores or 0.0) < ACTIVE_CORES:
+                continue
+            group = competing_group(usage.workload.id, target)
+            if group is None or group in self.lowered or any(covers(group, p) for p in protected):
+                continue
+            groups.setdefault(group, []).append(usage.workload.id)
+        if not groups:
+            return False
+        dry = self.dry(line)
+        value = self.readings[line.metric]
+        reason = (
+            f"{line.metric} past {_fmt(line.threshold)}% ({line.objective}): {target} stalled {_fmt(value or 0.0)}%;"
+            " lower the weight it competes with"
+        )
+        for group, ids in groups.items():
+            self.reweighs.append(Reweigh(group, line.metric, reason, lower=True, workloads=tuple(ids), dry_run=dry))
+            if not dry:
+                self.lowered[group] = LoweredWeight(group, self.now)
+        self.cooldowns[(line.metric, Direction.THROTTLE)] = self.guard.cooldown_ticks
+        return True
+
+    def _restore_weights(self) -> None:
+        """Put a lowered weight back once no protected workload has been harmed for weightHoldSeconds (each try
+        costs a few ticks of harm where the batch work is still there), at once where no candidate is left
+        under it, and when no protected_cpu_stall objective is left."""
+        if not self.lowered:
+            return
+        line = self.stall_line
+        value = self.readings[Metric.PROTECTED_CPU_STALL]
+        calm = (
+            line is not None
+            and value is not None
+            and line.restore_below is not None
+            and value < line.restore_below
+            and (self.last_harm is None or self.now - self.last_harm >= self.guard.weight_hold_seconds)
+        )
+        candidates = [u.workload.id for u in self.candidates()]
+        for group in sorted(self.lowered):
+            under = tuple(wid for wid in candidates if covers(group, wid))
+            if line is not None and under and not calm:
+                continue
+            why = (
+                "no protected_cpu_stall objective"
+                if line is None
+                else "no candidate left under it"
+                if not under
+                else f"no protected workload harmed for {self.guard.weight_hold_seconds:g}s"
+            )
+            dry = self.guard.dry_run or (line is not None and line.dry_run)
+            back = Reweigh(group, Metric.PROTECTED_CPU_STALL, f"weight back: {why}", False, under, dry)
+            self.reweighs.append(back)
+            if not dry:
+                del self.lowered[group]
 
     def _throttle_for_stall(self, line: Waterline, gap: float, ranked: Ranked) -> None:
         """Make room for the most stalled protected workload: leave about as much CPU idle as it waited for

@@ -169,6 +169,17 @@ class GuardSettings(Model):
         description="the CFS period a throttle writes, in microseconds (a short one spreads a throttled "
         "workload's bursts); default: the workload's own; restores write the original back",
     )
+    protect_lever: Literal["weight", "quota"] = Field(
+        "weight",
+        description="protected_cpu_stall acts first by lowering the CPU weight of the groups that compete with the "
+        "harmed workload (work-conserving; bench/protect.py), then by quota; 'quota': by quota only",
+    )
+    weight_hold_seconds: float = Field(
+        300.0,
+        ge=0,
+        le=86_400,
+        description="a lowered weight is put back once no protected workload has been harmed for this long",
+    )
     failed_write_backoff_seconds: float = Field(
         30.0,
         gt=0,

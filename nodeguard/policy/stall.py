@@ -61,6 +61,27 @@ def stalls(workloads: Mapping[str, WorkloadUsage], patterns: tuple[str, ...]) ->
     return found
 
 
+def competing_group(candidate: str, protected: str) -> str | None:
+    """The cgroup on the candidate's path that CFS weighs against the protected workload's: the child, on the
+    candidate's side, of their deepest common ancestor (a kubelet pod's QoS tier, against a Guaranteed pod).
+
+    Only the weight there counts: lowering a pod's weight inside its tier changes nothing against a pod
+    outside it. None when one path contains the other.
+    """
+    ours, theirs = candidate.split("/"), protected.split("/")
+    common = 0
+    while common < min(len(ours), len(theirs)) and ours[common] == theirs[common]:
+        common += 1
+    if common >= len(ours) or common >= len(theirs):
+        return None
+    return "/".join(ours[: common + 1])
+
+
+def covers(group: str, workload_id: str) -> bool:
+    """Whether ``workload_id`` is the group or inside it."""
+    return workload_id == group or workload_id.startswith(group + "/")
+
+
 def worst(found: Iterable[Stall | WorkloadUsage]) -> Stall | None:
     """The most stalled protected workload (it drives the objective)."""
     known = [s for s in found if isinstance(s, Stall)]

@@ -92,6 +92,14 @@ def held_back_after(
 
 
 @dataclass(frozen=True, slots=True)
+class LoweredWeight:
+    """A group whose CPU weight nodeguard holds at the least (the executor keeps its original in the ledger)."""
+
+    group: str
+    since: float  # monotonic
+
+
+@dataclass(frozen=True, slots=True)
 class GuardState:
     # Consecutive ticks past the waterline (THROTTLE, EVICT) or below the restore
     # waterline (RESTORE), per metric.
@@ -107,6 +115,9 @@ class GuardState:
     # and after it (so that a repeated refusal waits longer); a write that
     # succeeds drops the entry.
     held_back: Mapping[str, HeldBack] = field(default_factory=dict)
+    # Groups whose weight is lowered for protected_cpu_stall, and when a protected workload was last harmed.
+    lowered: Mapping[str, LoweredWeight] = field(default_factory=dict)
+    last_harm: float | None = None
 
     @classmethod
     def primed(cls) -> GuardState:

@@ -92,14 +92,16 @@ def _state(state: GuardState) -> dict[str, Any]:
         },
         "last_eviction": {("dry_run" if dry else "real"): at for dry, at in state.last_eviction.items()},
         "held_back": {wid: _held_back(h) for wid, h in state.held_back.items()},
+        "lowered_weights": {group: {"since": w.since} for group, w in state.lowered.items()},
+        "last_harm": state.last_harm,
     }
 
 
 def _protected(plan: Plan) -> list[dict[str, Any]]:
     """Each protected workload's stall against the protected_cpu_stall objective's target (None without one)."""
     line = next((w for w in plan.waterlines.values() if w.metric is Metric.PROTECTED_CPU_STALL), None)
-    # The levers held for it now (this tick's throttles included).
-    levers = sorted(
+    # The levers held for it now (this tick's included).
+    levers = [f"cpu weight lowered on {group}" for group in sorted(plan.state.lowered)] + sorted(
         {
             lever(held.quota, held.original)
             for held in plan.state.throttles.values()
@@ -182,5 +184,10 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
         "expired": [{"workload": p.workload_id, "metric": str(p.metric), "since": p.since} for p in plan.expired],
         "held_back": [{"workload": h.workload_id, **_held_back(h)} for h in plan.held_back],
         "protected": _protected(plan),
+        "reweighs": [
+            {"group": r.group, "lower": r.lower, "workloads": list(r.workloads), "reason": r.reason,
+             "dry_run": r.dry_run}
+            for r in plan.reweighs
+        ],
         "state": _state(plan.state),
     }

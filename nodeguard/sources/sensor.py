@@ -157,6 +157,10 @@ class Sensor:
             if waits is not None and waits.interval_ns > 0:
                 waiting = waits.waited_ns / waits.interval_ns
                 starved = waits.starved_ns / waits.interval_ns
+                # A container's own limit throttles it where the pod's cpu.stat does not see it.
+                inner = waits.throttled_ns / waits.interval_ns
+                if throttled_cores is None or inner > throttled_cores:
+                    throttled_cores = inner
             usages[workload_id] = make(
                 workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved, throttled_cores
             )

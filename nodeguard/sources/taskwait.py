@@ -13,6 +13,10 @@ the tick are in cores:
   more, it would finish sooner and sleep more); one that never sleeps is
   work that would take whatever CPU a throttle elsewhere frees.
 
+The descendants' own CFS throttling is summed too (``cpu.stat``): kubelet
+limits a container as well as its pod, and a container throttled by its own
+limit waits for no one else; the workload's own ``cpu.stat`` does not count it.
+
 The threads' descriptors are kept open (the kernel regenerates the text on
 every pread). v1 caches a ``tasks`` list per open file for a second, so its
 lists are opened afresh each time; v2's ``cgroup.threads`` is read through a
@@ -36,11 +40,13 @@ ALWAYS_RUNNABLE = 0.9
 
 
 class Waits(NamedTuple):
-    """Nanoseconds of run-queue wait over ``interval_ns``: of every thread, and of threads that never slept."""
+    """Nanoseconds of run-queue wait over ``interval_ns``: of every thread, and of threads that never slept;
+    and the nanoseconds the descendants' own CFS limits held them back."""
 
     waited_ns: int
     starved_ns: int
     interval_ns: int
+    throttled_ns: int = 0
 
 
 class TaskWait:
@@ -59,16 +65,24 @@ class TaskWait:
         self.list_name = list_name
         self._clock = clock
         self._keep_lists = list_name != "tasks"  # v1's "tasks" goes stale when kept open
+        # cpu.stat's throttled time: nanoseconds on v1, microseconds on v2.
+        v1 = list_name == "tasks"
+        self._throttled_key, self._throttled_ns = (b"throttled_time", 1) if v1 else (b"throttled_usec", 1000)
+        self._descendants: list[str] = []
+        self._throttled: dict[str, int] = {}  # descendant directory -> cumulative throttled ns
         self._lists: dict[str, int] = {}  # path -> kept-open descriptor, or -1
         self._threads: dict[int, tuple[int, int, int]] = {}  # tid -> (descriptor or -1, run ns, wait ns)
         self._last: int | None = None
         self.watch(directories)
 
     def watch(self, directories: Iterable[str]) -> None:
-        """Follow these directories' thread lists (the workload and its descendants, as found now)."""
+        """Follow these directories' thread lists (the workload first, then its descendants, as found now)."""
+        directories = list(directories)
         wanted = {f"{directory}/{self.list_name}" for directory in directories}
         for path in self._lists.keys() - wanted:
             self._close_list(path)
+        self._descendants = list(directories)[1:]  # the first is the workload: its own cpu.stat is read already
+        self._throttled = {d: ns for d, ns in self._throttled.items() if d in self._descendants}
         for path in wanted - self._lists.keys():
             fd = -1
             if self._keep_lists:
@@ -126,7 +140,29 @@ class TaskWait:
                     starved += queued
             self._threads[tid] = (fd, run, wait)
         self._last = now
-        return None if last is None else Waits(waited, starved, interval)
+        throttled = self._descendants_throttled()
+        return None if last is None else Waits(waited, starved, interval, throttled)
+
+    def _descendants_throttled(self) -> int:
+        """Nanoseconds the descendants' own limits throttled them since the last call."""
+        total = 0
+        for directory in self._descendants:
+            try:
+                with open(f"{directory}/cpu.stat", "rb") as handle:
+                    text = handle.read(4096)
+            except OSError:
+                self._throttled.pop(directory, None)
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(b" ")
+                if key == self._throttled_key and value.strip().isdigit():
+                    now = int(value) * self._throttled_ns
+                    before = self._throttled.get(directory)
+                    if before is not None and now >= before:
+                        total += now - before
+                    self._throttled[directory] = now
+                    break
+        return total
 
     def pause(self) -> None:
         """Stop following the threads (an idle workload): the next sample starts afresh."""

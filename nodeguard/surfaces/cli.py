@@ -197,6 +197,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     from nodeguard.actuators.cgroup_writer import CgroupWriter
     from nodeguard.actuators.cpu_quota import QuotaWriter
+    from nodeguard.actuators.cpu_weight import WeightWriter
     from nodeguard.actuators.ledger import Ledger
     from nodeguard.actuators.node_lock import NodeBusy, hold_node
     from nodeguard.actuators.restore import Outcome, restore_all
@@ -208,10 +209,11 @@ def cmd_restore(args: argparse.Namespace) -> int:
     try:
         with hold_node(layout.writable, settings.sensing.proc_root):
             ledger = Ledger.load(path)
-            if not ledger.entries:
+            if not ledger.entries and not ledger.weights:
                 print(f"{path}: nothing to restore")
                 return EXIT_OK
-            outcomes = restore_all(ledger, QuotaWriter(CgroupWriter(layout.writable), layout.version))
+            writer = CgroupWriter(layout.writable)
+            outcomes = restore_all(ledger, QuotaWriter(writer, layout.version), WeightWriter(writer, layout.version))
     except NodeBusy as exc:
         print(f"nodeguard: {exc}; stop it first (SIGTERM restores)", file=sys.stderr)
         return EXIT_INVALID

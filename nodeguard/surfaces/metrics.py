@@ -109,6 +109,12 @@ class DaemonCollector(Collector):
             ["workload"],
             {(p.workload_id,): p.stall_pct / 100.0 for p in plan.protected if p.stall_pct is not None},
         )
+        yield _gauge(
+            "nodeguard_lowered_weights",
+            "Groups whose CPU weight nodeguard holds at the least for protected_cpu_stall.",
+            [],
+            {(): len(daemon.state.lowered)},
+        )
         blocked: dict[tuple[str, ...], float] = {}
         for b in plan.blocked:
             key = (str(b.metric), str(b.direction), b.cause)

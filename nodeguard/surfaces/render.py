@@ -144,6 +144,10 @@ def render_plan(plan: Plan, candidates_shown: int = 10) -> str:
     ]
     if action_rows:
         lines.append(table(["action", "workload", "metric", "gap", "release", "quota"], action_rows))
+    for r in data["reweighs"]:
+        what = "lower the CPU weight of" if r["lower"] else "put back the CPU weight of"
+        dry = " (dry run)" if r["dry_run"] else ""
+        lines.append(f"reweigh{dry}: {what} {r['group']} ({len(r['workloads'])} candidate(s) in it): {r['reason']}")
     protected = [p for p in data["protected"] if p["target_pct"] is not None]
     if protected:
         lines += ["", "protected workloads (protected_cpu_stall)"]

@@ -14,7 +14,7 @@ from nodeguard.model.workloads import QosClass
 from nodeguard.policy.actions import Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan, plan
-from nodeguard.policy.stall import stall_share
+from nodeguard.policy.stall import competing_group, stall_share
 from nodeguard.policy.state import GuardState
 from nodeguard.policy.trace import plan_to_data
 from nodeguard.policy.whatif import what_if
@@ -37,7 +37,8 @@ def stall_objective(**extra: Any) -> dict[str, Any]:
     }
 
 
-SETTINGS = guard(stall_objective(), minQuotaCores=0.05)
+# The quota lever alone (most tests here); the weight lever comes first by default, tested below.
+SETTINGS = guard(stall_objective(), minQuotaCores=0.05, protectLever="quota")
 
 
 def busy_node(important_waiting: float, burner_starved: float = 0.72) -> list[WorkloadUsage]:
@@ -117,7 +118,7 @@ def test_a_candidates_stall_is_never_read() -> None:
 
 def test_a_selector_protects_a_burstable_pod_and_keeps_it_off_the_candidates() -> None:
     """With ``protect`` patterns, the matched pod's stall drives the objective and it is never throttled."""
-    settings = guard(stall_objective(protect=["web-*"]), minQuotaCores=0.05)
+    settings = guard(stall_objective(protect=["web-*"]), minQuotaCores=0.05, protectLever="quota")
     web = usage("kubepods/burstable/web-1", qos=QosClass.BURSTABLE, cores=0.4, waiting=0.3, starved=0.0)
     workloads = [*busy_node(important_waiting=0.0), web]
     p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), settings)
@@ -143,7 +144,7 @@ def test_what_if_a_stall_throttles() -> None:
 
 def test_the_period_lever_writes_a_short_period() -> None:
     """guard.throttlePeriodUs: throttles write their quota on that CFS period; the original is kept for restore."""
-    settings = guard(stall_objective(), minQuotaCores=0.05, throttlePeriodUs=10_000)
+    settings = guard(stall_objective(), minQuotaCores=0.05, throttlePeriodUs=10_000, protectLever="quota")
     p = plan(snapshot(busy_node(0.2), cpus=2, cores_used=2.0), GuardState(), settings)
     acted = throttles(p)
     assert acted and all(a.quota.period_us == 10_000 for a in acted)
@@ -171,7 +172,7 @@ def test_config_refuses_what_the_stall_objective_cannot_do(objective: dict[str, 
 
 def test_plan_shows_each_protected_stall_against_its_target_and_the_lever() -> None:
     """`nodeguard plan` and the trace show the protected pod's stall, its target, that it is harmed, and the lever."""
-    settings = guard(stall_objective(), minQuotaCores=0.05, throttlePeriodUs=10_000)
+    settings = guard(stall_objective(), minQuotaCores=0.05, throttlePeriodUs=10_000, protectLever="quota")
     p = plan(snapshot(busy_node(0.2), cpus=2, cores_used=2.0), GuardState(), settings)
     [shown] = plan_to_data(p)["protected"]
     assert shown["name"] == "g" and shown["stall_pct"] == pytest.approx(20.0)
@@ -179,3 +180,62 @@ def test_plan_shows_each_protected_stall_against_its_target_and_the_lever() -> N
     assert shown["levers"] == ["cpu.max quota on a 10 ms period"]
     text = render_plan(p)
     assert "protected workloads" in text and "20.0%" in text and "(10 ms period)" in text
+
+
+# --- the weight lever ---------------------------------------------------------------------------------------
+
+WEIGHT = guard(stall_objective(), minQuotaCores=0.05, weightHoldSeconds=60)
+
+
+def kubelet_node(important_waiting: float) -> list[WorkloadUsage]:
+    """kubelet's layout: burners in the Burstable and BestEffort tiers, the Guaranteed pod at the top level."""
+    burners = [
+        usage(f"kp/{tier}/pod{i}", cores=0.3, waiting=0.7, priority=-i, cpu_max=CpuMax(None),
+              qos=QosClass.BURSTABLE if tier == "burstable" else QosClass.BEST_EFFORT)
+        for i, tier in enumerate(["burstable", "burstable", "besteffort"])
+    ]  # fmt: skip
+    important = usage("kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=important_waiting, starved=0.0,
+                      cpu_max=CpuMax(50000))  # fmt: skip
+    return [*burners, important]
+
+
+def test_competing_group_is_where_the_paths_part() -> None:
+    """The weight that counts against a Guaranteed pod is its sibling tier's; between siblings, the pod's own."""
+    assert competing_group("kp/burstable/pod1/c1", "kp/podg") == "kp/burstable"
+    assert competing_group("kp/burstable/pod1", "kp/burstable/web") == "kp/burstable/pod1"
+    assert competing_group("demo/batch-0", "demo/important") == "demo/batch-0"
+    assert competing_group("kp/podg/c", "kp/podg") is None
+
+
+def test_weights_first_then_quota() -> None:
+    """Harm lowers the weight of each tier that competes with the protected pod (no quota touched); still harmed
+    once they are all lowered, the quota lever takes over."""
+    first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
+    assert {r.group for r in first.reweighs if r.lower} == {"kp/burstable", "kp/besteffort"}
+    assert throttles(first) == [] and set(first.state.lowered) == {"kp/burstable", "kp/besteffort"}
+    state = dataclasses.replace(first.state, cooldowns={})
+    second = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0, monotonic=101.0), state, WEIGHT)
+    assert second.reweighs == () and throttles(second)
+
+
+def test_a_group_holding_a_protected_workload_is_never_lowered() -> None:
+    """A Burstable pod protected by a selector keeps its tier's weight: the burners there are left to the quota."""
+    settings = guard(stall_objective(protect=["podg", "web"]), minQuotaCores=0.05)
+    web = usage("kp/burstable/web", qos=QosClass.BURSTABLE, cores=0.2, waiting=0.0, starved=0.0)
+    p = plan(snapshot([*kubelet_node(0.2), web], cpus=2, cores_used=2.0), GuardState(), settings)
+    assert {r.group for r in p.reweighs} == {"kp/besteffort"}
+
+
+def test_weights_come_back_after_the_hold_or_when_their_candidates_leave() -> None:
+    """A lowered weight stays while harm is recent, comes back after weightHoldSeconds without harm, and at once
+    when no candidate is left under it."""
+    first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
+    calm = kubelet_node(0.0)
+    soon = plan(snapshot(calm, cpus=2, cores_used=1.8, monotonic=130.0), first.state, WEIGHT)
+    assert soon.reweighs == () and set(soon.state.lowered) == {"kp/burstable", "kp/besteffort"}
+    later = plan(snapshot(calm, cpus=2, cores_used=1.8, monotonic=161.0), soon.state, WEIGHT)
+    assert {(r.group, r.lower) for r in later.reweighs} == {("kp/burstable", False), ("kp/besteffort", False)}
+    assert later.state.lowered == {}
+    gone = [u for u in kubelet_node(0.2) if "besteffort" not in u.workload.id]
+    left = plan(snapshot(gone, cpus=2, cores_used=2.0, monotonic=101.0), first.state, WEIGHT)
+    assert [(r.group, r.lower) for r in left.reweighs] == [("kp/besteffort", False)]

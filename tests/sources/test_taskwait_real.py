@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from nodeguard.model.samples import CpuMax
 from nodeguard.sources.taskwait import TaskWait, Waits, subtree
 from tests import realcgroups as rc
 from tests.workloads import DUTY_CYCLE
@@ -118,3 +119,20 @@ def test_threads_come_and_go_without_a_spike_or_a_leak(hierarchy: rc.Hierarchy, 
         assert wait.sample() is None, "after a pause the next sample is a baseline again"
     finally:
         wait.close()
+
+
+def test_a_containers_own_limit_counts_as_throttled_not_as_waiting_for_others(
+    hierarchy: rc.Hierarchy, parent: str
+) -> None:
+    """A busy loop held to 0.2 core by its container's limit (the pod unlimited, as kubelet may leave it) shows
+    that throttling in the waits, where the pod's own cpu.stat sees none of it."""
+    hierarchy.set_limit(f"{parent}/shared/c", CpuMax(20000))
+    proc = start(PINNED_BUSY, ["0"], hierarchy, f"{parent}/shared/c")
+    try:
+        time.sleep(0.3)
+        found, cores = measure(waits_of(hierarchy, f"{parent}/shared"), hierarchy, f"{parent}/shared", 1.0)
+    finally:
+        rc.stop(proc)
+    throttled = found.throttled_ns / found.interval_ns
+    assert cores < 0.3, cores
+    assert 0.6 < throttled <= 1.0, f"held back about 0.8 of each period, got {throttled:.2f}"

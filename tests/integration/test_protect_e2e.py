@@ -1,0 +1,192 @@
+"""The protected_cpu_stall objective end to end: the real daemon on real kernels, a protected pod harmed by batch work.
+
+Pods laid out as kubelet lays them out, with kubelet's weights at equal requests
+(``cpu.shares`` 512 for every pod: the case where batch work does harm a
+Guaranteed pod) and CPU limits at the pod and the container level; six
+Burstable burners that each want a whole core; a Guaranteed pod running a
+sleeper that wakes every 10 ms for a short unit of work. Runs on this host's
+cgroup v1 (the stall is the threads' run-queue delay) and, marked ``kernel``,
+in the QEMU VM on cgroup v2 (the pod's own ``cpu.pressure``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.model.samples import CpuMax
+from nodeguard.sources.readers import count_cpus
+from tests import realcgroups as rc
+from tests.daemon_proc import DaemonProcess
+from tests.integration.test_guard_kubelet_e2e import GUARANTEED_LIMIT, POD_LIMIT, SLOW, TICK
+from tests.workloads import start_duty_cycle
+
+SHARES = 512  # kubelet: the pod's request (or limit) × 1024; equal here
+THRESHOLD = 5.0  # % of a tick the protected pod may wait to run
+SETTLED_TICKS = 6  # ticks whose mean stall must be under the threshold
+SLEEPER_SHARE = 0.3  # of each 100 ms window: wakes, works, sleeps
+
+
+@dataclass
+class ProtectedNode:
+    hierarchy: rc.Hierarchy
+    parent: str
+    burners: list[rc.KubeletPod]
+    protected: rc.KubeletPod
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    originals: dict[str, CpuMax] = field(default_factory=dict)
+
+    def every_dir(self) -> list[str]:
+        return [rel for pod in [*self.burners, self.protected] for rel in (pod.pod, pod.container, pod.inner)]
+
+    def changed(self) -> set[str]:
+        return {rel for rel, limit in self.originals.items() if self.hierarchy.limit(rel) != limit}
+
+    def start(self, burners: int) -> None:
+        self.procs.append(start_duty_cycle(SLEEPER_SHARE, *self.hierarchy.dirs(self.protected.inner)))
+        self.procs += [pod.start_busy() for pod in self.burners[:burners]]
+
+    def stop_burners(self) -> None:
+        for proc in self.procs[1:]:
+            rc.stop(proc)
+
+    def config(self, ledger: Path, **guard: Any) -> dict[str, Any]:
+        return {
+            "global": {
+                "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.hierarchy.version,
+                            "tickSeconds": TICK, "kubepodsPaths": [f"{self.parent}/kubepods"]},
+                "guard": {"objectives": [{
+                    "metric": "protected_cpu_stall", "action": "throttle", "threshold": f"{THRESHOLD}%",
+                    "restoreBelow": "1%", "triggerAfter": 2, "restoreAfter": 2,
+                }], "restoreStepPercent": 50, "cooldownTicks": 2, **guard},
+                "actuation": {"ledgerPath": str(ledger)},
+                "http": {"enabled": False},
+                "gate": {"enabled": False},
+            }
+        }  # fmt: skip
+
+
+def set_shares(hierarchy: rc.Hierarchy, rel: str, shares: int) -> None:
+    if hierarchy.version == "v1":
+        (hierarchy.writable / rel / "cpu.shares").write_text(str(shares))
+    else:  # kubelet's conversion of shares to cpu.weight
+        (hierarchy.writable / rel / "cpu.weight").write_text(str(1 + ((shares - 2) * 9999) // 262142))
+
+
+@contextlib.contextmanager
+def protected_node(hierarchy: rc.Hierarchy) -> Iterator[ProtectedNode]:
+    parent = rc.unique_name()
+    with contextlib.ExitStack() as stack:
+        burners = [stack.enter_context(rc.kubelet_pod(hierarchy, parent, "burstable", POD_LIMIT)) for _ in range(6)]
+        protected = stack.enter_context(rc.kubelet_pod(hierarchy, parent, None, GUARANTEED_LIMIT))
+        for pod in [*burners, protected]:
+            set_shares(hierarchy, pod.pod, SHARES)
+        set_shares(hierarchy, f"{parent}/kubepods/burstable", SHARES * len(burners))
+        node = ProtectedNode(hierarchy, parent, burners, protected)
+        node.originals = {rel: hierarchy.limit(rel) for rel in node.every_dir()}
+        try:
+            yield node
+        finally:
+            for proc in node.procs:
+                if proc.poll() is None:
+                    rc.stop(proc)
+
+
+@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
+def node(request: pytest.FixtureRequest) -> Iterator[ProtectedNode]:
+    hierarchy = rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
+    with protected_node(hierarchy) as shaped:
+        yield shaped
+
+
+def stalls(events: list[dict[str, Any]]) -> list[tuple[float | None, bool]]:
+    """Per tick: the protected stall the daemon read (percent) and whether it throttled in that tick."""
+    ticks = []
+    throttled = False
+    for event in events:
+        if event.get("event") == "throttle":
+            throttled = True
+        elif event.get("event") == "tick":
+            ticks.append(((event.get("readings") or {}).get("protected_cpu_stall"), throttled))
+            throttled = False
+    return ticks
+
+
+def settled_after_first_throttle(events: list[dict[str, Any]]) -> tuple[list[float], list[float]] | None:
+    """(the stalls before the first throttle, the first SETTLED_TICKS window after it whose mean is under target)."""
+    readings = stalls(events)
+    first = next((i for i, (_, acted) in enumerate(readings) if acted), None)
+    if first is None:
+        return None
+    before = [v for v, _ in readings[: first + 1] if v is not None]
+    after = [v for v, _ in readings[first + 1 :] if v is not None]
+    for start in range(len(after) - SETTLED_TICKS + 1):
+        window = after[start : start + SETTLED_TICKS]
+        if statistics.mean(window) < THRESHOLD:
+            return before, window
+    return None
+
+
+def test_harm_is_closed_by_throttling_only_the_batch_work_and_undone_exactly(
+    node: ProtectedNode, tmp_path: Path
+) -> None:
+    """The protected pod's stall, over target beside six burners, is brought under it by throttling burners only;
+    once the burners stop every pod and container limit is back exactly and the ledger is empty."""
+    node.start(burners=6)
+    time.sleep(1.0)
+    daemon = DaemonProcess(node.config(tmp_path / "run/ledger.json"), tmp_path)
+    daemon.start()
+    try:
+        daemon.wait_for(lambda: settled_after_first_throttle(daemon.events()) is not None, 40 * SLOW,
+                        f"{SETTLED_TICKS} ticks under the stall target after throttling")  # fmt: skip
+        result = settled_after_first_throttle(daemon.events())
+        assert result is not None
+        before, _ = result
+        assert max(before) > THRESHOLD, "the burners did harm the protected pod"
+        touched = {e["workload"] for e in daemon.events() if e.get("event") == "throttle"}
+        assert touched and touched <= {pod.pod for pod in node.burners}, touched
+        assert not node.changed() & {node.protected.pod, node.protected.container}, "the protected pod untouched"
+
+        node.stop_burners()
+        daemon.wait_for(lambda: not node.changed(), 30 * SLOW, "every limit restored")
+        ledger = str(tmp_path / "run/ledger.json")
+        daemon.wait_for(lambda: not Ledger.load(ledger).entries, 5 * SLOW, "the ledger emptied")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(timeout=10 * SLOW) == 0
+    finally:
+        daemon.kill()
+
+
+def test_a_busy_node_that_harms_no_one_is_left_alone(tmp_path: Path) -> None:
+    """Burners on all cores but one keep the node busy (a node waterline would throttle them), but the protected
+    pod always finds a core: its stall stays under target and nothing is throttled."""
+    cpus = count_cpus(Path("/proc/stat").read_text())
+    with protected_node(rc.v1_cpu_hierarchy()) as node:
+        node.start(burners=min(6, max(1, cpus - 1)))
+        time.sleep(1.0)
+        # triggerAfter 3: one tick's noise from the rest of the machine is no harm to act on.
+        config = node.config(tmp_path / "run/ledger.json")
+        config["global"]["guard"]["objectives"][0]["triggerAfter"] = 3
+        daemon = DaemonProcess(config, tmp_path)
+        daemon.start()
+        try:
+            daemon.wait_for(lambda: len(stalls(daemon.events())) >= 20, 30, "20 ticks")
+            readings = [v for v, _ in stalls(daemon.events()) if v is not None]
+            assert statistics.median(readings) < THRESHOLD, readings
+            busy = [(e.get("readings") or {}).get("cpu_total_utilization") for e in daemon.events()
+                    if e.get("event") == "tick"]  # fmt: skip
+            assert statistics.median(v for v in busy if v is not None) > 50.0, busy
+            assert not any(e.get("event") == "throttle" for e in daemon.events())
+            assert not node.changed()
+        finally:
+            daemon.kill()
