@@ -29,7 +29,8 @@ is one JSON object.
 
 ``--levers`` instead measures static settings on the burner pods: per-pod
 quotas that sum to 1.5, 1.2 and 1.0 cores at CFS periods of 100, 10 and 5 ms;
-``cpu.shares`` 2 on the pods alone and on the pods and their tiers; ``cpu.idle``
+``cpu.shares`` 2 on the pods alone, on the tiers alone (what nodeguard's weight
+lever does) and on both; ``cpu.idle``
 on the batch tiers.
 """
 
@@ -366,6 +367,7 @@ class Lever:
     period_us: int = DEFAULT_PERIOD_US
     shares: int | None = None
     shares_on_tiers: bool = False
+    shares_on_pods: bool = True
     idle_tiers: bool = False
 
 
@@ -375,6 +377,7 @@ LEVERS = [
       for period in (100000, 10000, 5000) for cores in (1.5, 1.2, 1.0)],
     Lever("shares2_pods", shares=2),
     Lever("shares2_pods_tiers", shares=2, shares_on_tiers=True),
+    Lever("shares2_tiers", shares=2, shares_on_tiers=True, shares_on_pods=False),
     Lever("idle_tiers", idle_tiers=True),
 ]  # fmt: skip
 
@@ -398,7 +401,7 @@ def applied(node: Node, lever: Lever) -> Iterator[None]:
                 set_file(group / "cpu.cfs_quota_us", -1)
                 set_file(group / "cpu.cfs_period_us", lever.period_us)
                 set_file(group / "cpu.cfs_quota_us", round(lever.batch_cores / len(node.burners) * lever.period_us))
-            if lever.shares is not None:
+            if lever.shares is not None and lever.shares_on_pods:
                 set_file(group / "cpu.shares", lever.shares)
         for tier in node.batch_tiers():
             if lever.shares is not None and lever.shares_on_tiers:
@@ -496,7 +499,9 @@ def load() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window per strategy (levers: 12)")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before each window")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="seconds before each window (default 10: a strategy's start and the work queued while "
+                        "harmed settle first; levers: 3)")
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: all")
     parser.add_argument("--strategy", action="append", choices=list(STRATEGIES), help="default: all")
     parser.add_argument("--fixed-work", action="store_true",
@@ -512,9 +517,10 @@ def main() -> int:
     assert cpu is not None and cpuacct is not None
     hierarchy = rc.Hierarchy("v1", [cpu] if cpu == cpuacct else [cpu, cpuacct])
     seconds = args.seconds if not args.levers or "--seconds" in sys.argv else 12.0
+    warmup = args.warmup if args.warmup is not None else (3.0 if args.levers else 10.0)
     scenarios = args.scenario or list(SCENARIOS)
     with tempfile.TemporaryDirectory(prefix="ngprotect-") as tmp:
-        bench = Bench(hierarchy, os.cpu_count() or 1, Path(tmp), args.warmup, seconds,
+        bench = Bench(hierarchy, os.cpu_count() or 1, Path(tmp), warmup, seconds,
                       0 if args.fixed_work else CPU_UNITS)  # fmt: skip
         result: dict[str, Any] = bench.alone()
         print(f"alone: {json.dumps(result)}  load={load()}", flush=True)

@@ -77,6 +77,10 @@ MIN_QUOTA_US = 1000  # the kernel refuses a smaller cfs quota
 CLOSED_CORES = 1e-3
 # A candidate using less CPU than this does no harm to make room from.
 ACTIVE_CORES = 0.01
+# After weights come down, the quota lever waits while the stall is at most this share of what it was (the
+# weights work; what is left drains, e.g. work queued while harmed), for at most this many ticks.
+WEIGHT_WORKING = 0.5
+WEIGHT_PATIENCE_TICKS = 20
 _METRIC_ORDER = {metric: index for index, metric in enumerate(CAPABILITIES)}
 
 
@@ -336,7 +340,7 @@ class _Tick:
             return
         ranked = self.ranked(line.sort_by)
         if CAPABILITIES[metric].protected:
-            if self.guard.protect_lever == "weight" and self._lower_weights(line, ranked):
+            if self.guard.protect_lever == "weight" and (self._lower_weights(line, ranked) or self._weights_working()):
                 return
             self._throttle_for_stall(line, gap, ranked)
         elif line.quantified:
@@ -392,8 +396,23 @@ class _Tick:
         for group, ids in groups.items():
             self.reweighs.append(Reweigh(group, line.metric, reason, lower=True, workloads=tuple(ids), dry_run=dry))
             if not dry:
-                self.lowered[group] = LoweredWeight(group, self.now)
+                self.lowered[group] = LoweredWeight(group, self.now, value)
         self.cooldowns[(line.metric, Direction.THROTTLE)] = self.guard.cooldown_ticks
+        return True
+
+    def _weights_working(self) -> bool:
+        """Whether the weights lowered last cut the stall enough to wait for the rest to drain, not quota."""
+        if not self.lowered:
+            return False
+        last = max(self.lowered.values(), key=lambda w: w.since)
+        value = self.readings[Metric.PROTECTED_CPU_STALL]
+        tick = self.snapshot.interval or 1.0
+        if last.stall_pct is None or value is None or self.now - last.since > WEIGHT_PATIENCE_TICKS * tick:
+            return False
+        if value > WEIGHT_WORKING * last.stall_pct:
+            return False
+        detail = f"{_fmt(value)}% after {_fmt(last.stall_pct)}% when weights came down: draining, quota waits"
+        self.block(Metric.PROTECTED_CPU_STALL, Direction.THROTTLE, "cooldown", detail)
         return True
 
     def _restore_weights(self) -> None:

@@ -97,6 +97,7 @@ class LoweredWeight:
 
     group: str
     since: float  # monotonic
+    stall_pct: float | None = None  # the protected stall that made it come down
 
 
 @dataclass(frozen=True, slots=True)

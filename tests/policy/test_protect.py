@@ -239,3 +239,14 @@ def test_weights_come_back_after_the_hold_or_when_their_candidates_leave() -> No
     gone = [u for u in kubelet_node(0.2) if "besteffort" not in u.workload.id]
     left = plan(snapshot(gone, cpus=2, cores_used=2.0, monotonic=101.0), first.state, WEIGHT)
     assert [(r.group, r.lower) for r in left.reweighs] == [("kp/besteffort", False)]
+
+
+def test_quota_waits_while_lowered_weights_drain_the_stall() -> None:
+    """After the weights come down, a stall cut to half or less is left to drain (no quota) for a while; one that
+    lasts past the patience, or that the weights did not cut, gets the quota lever."""
+    first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
+    state = dataclasses.replace(first.state, cooldowns={})
+    draining = plan(snapshot(kubelet_node(0.08), cpus=2, cores_used=2.0, monotonic=102.0), state, WEIGHT)
+    assert throttles(draining) == [] and any("draining" in b.detail for b in draining.blocked)
+    late = plan(snapshot(kubelet_node(0.08), cpus=2, cores_used=2.0, monotonic=121.0), state, WEIGHT)
+    assert throttles(late), "past the patience"
