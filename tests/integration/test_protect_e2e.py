@@ -7,6 +7,10 @@ Burstable burners that each want a whole core; a Guaranteed pod running a
 sleeper that wakes every 10 ms for a short unit of work. Runs on this host's
 cgroup v1 (the stall is the threads' run-queue delay) and, marked ``kernel``,
 in the QEMU VM on cgroup v2 (the pod's own ``cpu.pressure``).
+
+The guard's first lever is the Burstable tier's weight (``cpu.shares`` /
+``cpu.weight``: where CFS weighs the burners against the Guaranteed pod),
+then quotas; every file it changes is checked back exactly.
 """
 
 from __future__ import annotations
@@ -46,11 +50,22 @@ class ProtectedNode:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     originals: dict[str, CpuMax] = field(default_factory=dict)
 
+    weights: dict[str, int] = field(default_factory=dict)
+
     def every_dir(self) -> list[str]:
         return [rel for pod in [*self.burners, self.protected] for rel in (pod.pod, pod.container, pod.inner)]
 
+    def tiers(self) -> list[str]:
+        return [f"{self.parent}/kubepods/burstable", f"{self.parent}/kubepods"]
+
+    def record_originals(self) -> None:
+        self.originals = {rel: self.hierarchy.limit(rel) for rel in self.every_dir()}
+        self.weights = {rel: weight_of(self.hierarchy, rel) for rel in [*self.every_dir(), *self.tiers()]}
+
     def changed(self) -> set[str]:
-        return {rel for rel, limit in self.originals.items() if self.hierarchy.limit(rel) != limit}
+        """Every limit and weight not at its original."""
+        limits = {rel for rel, limit in self.originals.items() if self.hierarchy.limit(rel) != limit}
+        return limits | {rel for rel, w in self.weights.items() if weight_of(self.hierarchy, rel) != w}
 
     def start(self, burners: int) -> None:
         self.procs.append(start_duty_cycle(SLEEPER_SHARE, *self.hierarchy.dirs(self.protected.inner)))
@@ -68,12 +83,17 @@ class ProtectedNode:
                 "guard": {"objectives": [{
                     "metric": "protected_cpu_stall", "action": "throttle", "threshold": f"{THRESHOLD}%",
                     "restoreBelow": "1%", "triggerAfter": 2, "restoreAfter": 2,
-                }], "restoreStepPercent": 50, "cooldownTicks": 2, **guard},
+                }], "restoreStepPercent": 50, "cooldownTicks": 2, "weightHoldSeconds": 3, **guard},
                 "actuation": {"ledgerPath": str(ledger)},
                 "http": {"enabled": False},
                 "gate": {"enabled": False},
             }
         }  # fmt: skip
+
+
+def weight_of(hierarchy: rc.Hierarchy, rel: str) -> int:
+    name = "cpu.shares" if hierarchy.version == "v1" else "cpu.weight"
+    return int((hierarchy.writable / rel / name).read_text())
 
 
 def set_shares(hierarchy: rc.Hierarchy, rel: str, shares: int) -> None:
@@ -93,7 +113,7 @@ def protected_node(hierarchy: rc.Hierarchy) -> Iterator[ProtectedNode]:
             set_shares(hierarchy, pod.pod, SHARES)
         set_shares(hierarchy, f"{parent}/kubepods/burstable", SHARES * len(burners))
         node = ProtectedNode(hierarchy, parent, burners, protected)
-        node.originals = {rel: hierarchy.limit(rel) for rel in node.every_dir()}
+        node.record_originals()
         try:
             yield node
         finally:
@@ -110,11 +130,11 @@ def node(request: pytest.FixtureRequest) -> Iterator[ProtectedNode]:
 
 
 def stalls(events: list[dict[str, Any]]) -> list[tuple[float | None, bool]]:
-    """Per tick: the protected stall the daemon read (percent) and whether it throttled in that tick."""
+    """Per tick: the protected stall the daemon read (percent) and whether it acted (weight or quota) in it."""
     ticks = []
     throttled = False
     for event in events:
-        if event.get("event") == "throttle":
+        if event.get("event") in ("throttle", "reweigh"):
             throttled = True
         elif event.get("event") == "tick":
             ticks.append(((event.get("readings") or {}).get("protected_cpu_stall"), throttled))
@@ -123,7 +143,8 @@ def stalls(events: list[dict[str, Any]]) -> list[tuple[float | None, bool]]:
 
 
 def settled_after_first_throttle(events: list[dict[str, Any]]) -> tuple[list[float], list[float]] | None:
-    """(the stalls before the first throttle, the first SETTLED_TICKS window after it whose mean is under target)."""
+    """(the stalls before the guard's first action, the first SETTLED_TICKS window after it whose mean is under
+    target)."""
     readings = stalls(events)
     first = next((i for i, (_, acted) in enumerate(readings) if acted), None)
     if first is None:
@@ -137,11 +158,12 @@ def settled_after_first_throttle(events: list[dict[str, Any]]) -> tuple[list[flo
     return None
 
 
-def test_harm_is_closed_by_throttling_only_the_batch_work_and_undone_exactly(
+def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
     node: ProtectedNode, tmp_path: Path
 ) -> None:
-    """The protected pod's stall, over target beside six burners, is brought under it by throttling burners only;
-    once the burners stop every pod and container limit is back exactly and the ledger is empty."""
+    """The protected pod's stall, over target beside six burners, is brought under it by lowering the Burstable
+    tier's weight (quotas on burners only, if at all); once the burners stop and no harm is seen for
+    weightHoldSeconds, every weight and limit is back exactly and the ledger is empty."""
     node.start(burners=6)
     time.sleep(1.0)
     daemon = DaemonProcess(node.config(tmp_path / "run/ledger.json"), tmp_path)
@@ -153,14 +175,25 @@ def test_harm_is_closed_by_throttling_only_the_batch_work_and_undone_exactly(
         assert result is not None
         before, _ = result
         assert max(before) > THRESHOLD, "the burners did harm the protected pod"
-        touched = {e["workload"] for e in daemon.events() if e.get("event") == "throttle"}
-        assert touched and touched <= {pod.pod for pod in node.burners}, touched
-        assert not node.changed() & {node.protected.pod, node.protected.container}, "the protected pod untouched"
+        events = daemon.events()
+        reweighed = {e["group"] for e in events if e.get("event") == "reweigh"}
+        assert reweighed == {f"{node.parent}/kubepods/burstable"}, reweighed
+        throttled = {e["workload"] for e in events if e.get("event") == "throttle"}
+        assert throttled <= {pod.pod for pod in node.burners}, throttled
+        # Every file the daemon wrote (its debug log names each) is the tier's weight or a burner's limit.
+        written = {str(Path(e["path"]).parent) for e in events if e.get("event") == "wrote"}
+        allowed = {str(node.hierarchy.writable / rel) for pod in node.burners for rel in (pod.pod, pod.container)}
+        assert written and written <= allowed | {str(node.hierarchy.writable / tier) for tier in reweighed}, written
 
         node.stop_burners()
-        daemon.wait_for(lambda: not node.changed(), 30 * SLOW, "every limit restored")
+        daemon.wait_for(lambda: not node.changed(), 30 * SLOW, "every weight and limit restored")
         ledger = str(tmp_path / "run/ledger.json")
-        daemon.wait_for(lambda: not Ledger.load(ledger).entries, 5 * SLOW, "the ledger emptied")
+
+        def emptied() -> bool:
+            found = Ledger.load(ledger)
+            return not found.entries and not found.weights
+
+        daemon.wait_for(emptied, 5 * SLOW, "the ledger emptied")
         daemon.signal(signal.SIGTERM)
         assert daemon.wait(timeout=10 * SLOW) == 0
     finally:
@@ -188,5 +221,26 @@ def test_a_busy_node_that_harms_no_one_is_left_alone(tmp_path: Path) -> None:
             assert statistics.median(v for v in busy if v is not None) > 50.0, busy
             assert not any(e.get("event") == "throttle" for e in daemon.events())
             assert not node.changed()
+        finally:
+            daemon.kill()
+
+
+def test_sigterm_puts_a_lowered_weight_back(tmp_path: Path) -> None:
+    """A daemon stopped while it holds the Burstable tier's weight down writes the original back on SIGTERM;
+    kubelet's rewrite of the tier's weight in between is drift: taken as the original and re-asserted."""
+    with protected_node(rc.v1_cpu_hierarchy()) as node:
+        node.start(burners=6)
+        time.sleep(1.0)
+        daemon = DaemonProcess(node.config(tmp_path / "run/ledger.json", weightHoldSeconds=600), tmp_path)
+        daemon.start()
+        tier = f"{node.parent}/kubepods/burstable"
+        try:
+            daemon.wait_for(lambda: weight_of(node.hierarchy, tier) == 2, 20, "the tier's weight lowered")
+            set_shares(node.hierarchy, tier, SHARES * 5)  # kubelet: a pod left, the tier's sum of requests fell
+            daemon.wait_for(lambda: weight_of(node.hierarchy, tier) == 2, 10, "the weight re-asserted")
+            daemon.signal(signal.SIGTERM)
+            assert daemon.wait(timeout=10) == 0
+            assert weight_of(node.hierarchy, tier) == SHARES * 5, "kubelet's value is the original now"
+            assert any(e.get("event") == "weight drift re-asserted" for e in daemon.events())
         finally:
             daemon.kill()
