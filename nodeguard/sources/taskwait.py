@@ -17,7 +17,7 @@ The descendants' own CFS throttling is summed too (``cpu.stat``): kubelet
 limits a container as well as its pod, and a container throttled by its own
 limit waits for no one else; the workload's own ``cpu.stat`` does not count it.
 
-The threads' descriptors are kept open (the kernel regenerates the text on
+The threads' and the descendants' cpu.stat descriptors are kept open (the kernel regenerates the text on
 every pread). v1 caches a ``tasks`` list per open file for a second, so its
 lists are opened afresh each time; v2's ``cgroup.threads`` is read through a
 kept-open descriptor. A thread first seen counts from its second tick on.
@@ -68,8 +68,8 @@ class TaskWait:
         # cpu.stat's throttled time: nanoseconds on v1, microseconds on v2.
         v1 = list_name == "tasks"
         self._throttled_key, self._throttled_ns = (b"throttled_time", 1) if v1 else (b"throttled_usec", 1000)
-        self._descendants: list[str] = []
-        self._throttled: dict[str, int] = {}  # descendant directory -> cumulative throttled ns
+        # Descendant directory -> (kept-open cpu.stat descriptor, cumulative throttled ns or -1 before the first).
+        self._throttled: dict[str, tuple[int, int]] = {}
         self._lists: dict[str, int] = {}  # path -> kept-open descriptor, or -1
         self._threads: dict[int, tuple[int, int, int]] = {}  # tid -> (descriptor or -1, run ns, wait ns)
         self._last: int | None = None
@@ -81,8 +81,15 @@ class TaskWait:
         wanted = {f"{directory}/{self.list_name}" for directory in directories}
         for path in self._lists.keys() - wanted:
             self._close_list(path)
-        self._descendants = list(directories)[1:]  # the first is the workload: its own cpu.stat is read already
-        self._throttled = {d: ns for d, ns in self._throttled.items() if d in self._descendants}
+        descendants = set(directories[1:])  # the first is the workload: its own cpu.stat is read already
+        for directory in self._throttled.keys() - descendants:
+            os.close(self._throttled.pop(directory)[0])
+        for directory in descendants - self._throttled.keys():
+            try:
+                self._throttled[directory] = (os.open(f"{directory}/cpu.stat", _OPEN_FLAGS), -1)
+            except OSError as exc:
+                if exc.errno not in _GONE:
+                    raise
         for path in wanted - self._lists.keys():
             fd = -1
             if self._keep_lists:
@@ -146,22 +153,21 @@ class TaskWait:
     def _descendants_throttled(self) -> int:
         """Nanoseconds the descendants' own limits throttled them since the last call."""
         total = 0
-        for directory in self._descendants:
+        for directory, (fd, before) in list(self._throttled.items()):
             try:
-                with open(f"{directory}/cpu.stat", "rb") as handle:
-                    text = handle.read(4096)
+                text = os.pread(fd, 4096, 0)
             except OSError:
-                self._throttled.pop(directory, None)
+                os.close(self._throttled.pop(directory)[0])  # a container that left
                 continue
-            for line in text.splitlines():
-                key, _, value = line.partition(b" ")
-                if key == self._throttled_key and value.strip().isdigit():
-                    now = int(value) * self._throttled_ns
-                    before = self._throttled.get(directory)
-                    if before is not None and now >= before:
-                        total += now - before
-                    self._throttled[directory] = now
-                    break
+            start = text.find(self._throttled_key)
+            if start < 0:
+                continue
+            value = text[start + len(self._throttled_key) :].split(maxsplit=1)
+            if value and value[0].isdigit():
+                now = int(value[0]) * self._throttled_ns
+                if 0 <= before <= now:
+                    total += now - before
+                self._throttled[directory] = (fd, now)
         return total
 
     def pause(self) -> None:
@@ -201,6 +207,9 @@ class TaskWait:
         self.pause()
         for path in list(self._lists):
             self._close_list(path)
+        for fd, _ in self._throttled.values():
+            os.close(fd)
+        self._throttled.clear()
 
 
 def subtree(directory: str, depth: int = 3) -> list[str]:
