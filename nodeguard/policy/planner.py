@@ -37,6 +37,14 @@ One tick, in order:
    first, so a throttle that overshot does not waste the node. The margin is
    what keeps noise around the aim under the waterline.
 
+5. Protect (protected_cpu_stall, policy.stall): while the most stalled
+   protected workload is over its target, lower the CPU weight of every group
+   that competes with it (guard.protectLever "weight"), then, while the stall
+   stays up and the weights did not cut it to half, lower quotas to leave
+   about its wait idle past what the waiting work absorbs, a step and a
+   cool-down at a time. Quotas come back like the others, a step and a
+   cool-down at a time; weights after guard.weightHoldSeconds without harm.
+
 A workload whose last write the kernel refused is held back (no candidate)
 for its back-off; the daemon plans the tick again without it, so the next
 candidates close the gap. A missing sample never widens an action: the metric
