@@ -28,7 +28,7 @@ from nodeguard.config import Settings
 from nodeguard.daemon import Daemon
 from nodeguard.log import configure
 from nodeguard.model.snapshot import Snapshot
-from nodeguard.policy.stall import stalls, worst
+from nodeguard.policy.stall import covers, stalls, worst
 from nodeguard.scratch_cgroups import ScratchCgroups, created, plan_cgroups
 
 BURNERS = 4
@@ -98,7 +98,7 @@ class Record:
     stall: list[tuple[float, float]] = field(default_factory=list)  # (seconds, percent)
     touched: set[str] = field(default_factory=set)
     first_action: float | None = None
-    under_after_action: float | None = None  # the stall under target after the first throttle
+    under_after_action: float | None = None  # the stall under target after the first action
 
     def lateness_ms(self, since: float, until: float | None = None) -> list[float]:
         """The important workload's lateness of the units released in [since, until) seconds after the start."""
@@ -147,14 +147,15 @@ def view(snapshot: Snapshot, daemon: Daemon, record: Record, remaining: float, d
         "-" if late is None else f"{late:.1f} ms", " for a 4 ms unit",
     )
     table = Table(expand=True)
-    for column in ("workload", "class", "cores", "quota", "throttled by nodeguard"):
+    for column in ("workload", "class", "cores", "quota", "held back by nodeguard"):
         table.add_column(column)
     for wid, usage in sorted(snapshot.workloads.items()):
         quota = usage.cpu_max.cores if usage.cpu_max is not None else None
-        held = daemon.state.throttles.get(wid)
+        levers = [name for name, on in (("weight", any(covers(g, wid) for g in daemon.state.lowered)),
+                                         ("quota", wid in daemon.state.throttles)) if on]  # fmt: skip
         table.add_row(
             wid.rsplit("/", 1)[-1], str(usage.workload.qos_class), f"{usage.cores or 0:.2f}",
-            "max" if quota is None else f"{quota:.2f}", "yes" if held else "",
+            "max" if quota is None else f"{quota:.2f}", ", ".join(levers),
         )
     return Group(head, table)
 
@@ -166,7 +167,7 @@ def summary(record: Record, groups: ScratchCgroups | None) -> str:
         lines.append("  no protected workload was harmed: nothing to do")
     else:
         took = None if settled is None else settled - first
-        lines.append(f"  first throttle {first:.1f}s after start; the important workload's stall under "
+        lines.append(f"  first action {first:.1f}s after start; the important workload's stall under "
                      f"{STALL_TARGET_PCT:g}% " + ("never" if took is None else f"{took:.1f}s later"))
     lines.append(f"  workloads touched: {len(record.touched)} of {BURNERS if groups else 'the candidates'}")
     if groups is not None and first is not None:
@@ -240,8 +241,11 @@ def _record(record: Record, daemon: Daemon, snapshot: Snapshot) -> None:
     if stall is not None:
         record.stall.append((t, stall))
     plan = daemon.last_plan
-    if plan is not None and plan.monotonic == snapshot.monotonic and any(a.kind == "throttle" for a in plan.actions):
-        record.touched |= {a.workload_id for a in plan.actions if a.kind == "throttle"}
+    acted = {a.workload_id for a in plan.actions if a.kind == "throttle"} if plan is not None else set()
+    if plan is not None:
+        acted |= {wid for r in plan.reweighs if r.lower for wid in r.workloads}
+    if plan is not None and plan.monotonic == snapshot.monotonic and acted:
+        record.touched |= acted
         if record.first_action is None:
             record.first_action = t
     elif (record.first_action is not None and record.under_after_action is None and stall is not None

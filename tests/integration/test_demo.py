@@ -20,7 +20,8 @@ def leftovers() -> list[Path]:
 
 @pytest.mark.parametrize("where", ["host", pytest.param("v2", marks=pytest.mark.kernel)])
 def test_demo_completes_and_cleans_up(where: str) -> None:
-    """The demo throttles its burners, prints a summary, restores every quota and removes its cgroups."""
+    """The demo acts on its burners (weights, then quotas), prints a summary, restores everything and removes its
+    cgroups."""
     if where == "host" and (reason := rc.why_no_v1_cpu()):
         pytest.skip(reason)
     before = leftovers()
@@ -30,6 +31,6 @@ def test_demo_completes_and_cleans_up(where: str) -> None:
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "summary" in result.stdout
-    assert "first throttle" in result.stdout, result.stdout[-2000:]
+    assert "first action" in result.stdout, result.stdout[-2000:]
     assert "Traceback" not in result.stderr
     assert leftovers() == before == []
