@@ -1,8 +1,11 @@
 """Benchmark: does a strategy protect the important workload's own service level without wasting the node?
 
-Runs on this host's cgroup v1 (cpu and cpuacct hierarchies), pods laid out and
-weighted as kubelet does under a unique parent: one Guaranteed pod (limit 0.5
-core at the pod and its container, ``cpu.shares`` 512) runs the probe of
+Runs on this host's cgroup v1 (cpu and cpuacct hierarchies), or with ``--vm``
+inside the QEMU VM on a pure cgroup v2 kernel (tests/kernel/vm.py: 2 vCPUs, the
+host's .venv, Python 15-25x slower under emulation; ``--seconds``, ``--warmup``,
+``--scenario``, ``--strategy`` and ``--fixed-work`` pass through). Pods are laid
+out and weighted as kubelet does under a unique parent: one Guaranteed pod (limit
+0.5 core at the pod and its container, ``cpu.shares`` 512) runs the probe of
 tests/workloads.py (a 4 ms unit of work released every 10 ms; its lateness,
 finish - release, per unit is its service level) beside six burners that each
 want a whole core and have no CPU limit:
@@ -22,12 +25,19 @@ Strategies, each on fresh cgroups, measured after a warm-up:
 - protect: the real daemon with a ``protected_cpu_stall`` objective (skipped,
   with the reason, where this daemon's check-config refuses it).
 
-Per strategy: protected_p99_ratio (p99 lateness / p99 alone, same run),
-node_busy_pct (/proc/stat over the window), batch_cores (cpuacct.usage of the
-batch tiers over the window) and, for protect, ticks_to_target. The last line
-is one JSON object.
+On v2 the same weights are written as kubelet converts them, ``cpu.weight`` =
+1 + (shares - 2) * 9999 // 262142, limits as ``cpu.max``, and the daemon runs
+with ``cgroupVersion`` "v2"; in the VM each daemon strategy's warm-up starts at
+the daemon's first tick (daemon_start_s), since the emulated daemon takes
+seconds to start.
 
-``--levers`` instead measures static settings on the burner pods: per-pod
+Per strategy: protected_p99_ratio (p99 lateness / p99 alone, same run),
+node_busy_pct (/proc/stat over the window), batch_cores (v1: cpuacct.usage,
+v2: cpu.stat usage_usec of the batch tiers over the window), the protected
+pod's own throttled time (v1 cpu.stat throttled_time, v2 throttled_usec) and,
+for protect, ticks_to_target. The last line is one JSON object.
+
+``--levers`` (host cgroup v1 only) instead measures static settings on the burner pods: per-pod
 quotas that sum to 1.5, 1.2 and 1.0 cores at CFS periods of 100, 10 and 5 ms;
 ``cpu.shares`` 2 on the pods alone, on the tiers alone (what nodeguard's weight
 lever does) and on both; ``cpu.idle``
@@ -79,6 +89,15 @@ def milli_to_shares(milli: int) -> int:
     return max(2, milli * 1024 // 1000)
 
 
+def shares_to_weight(shares: int) -> int:
+    """kubelet's CpuSharesToCpuWeight: cgroup v1 shares [2, 262144] as v2 cpu.weight [1, 10000]."""
+    return 1 + ((shares - 2) * 9999) // 262142
+
+
+def in_vm() -> bool:
+    return os.environ.get("NODEGUARD_IN_VM") == "1"
+
+
 # Per scenario: the burners as (tier, request in millicores; 0 = BestEffort).
 SCENARIOS: dict[str, list[tuple[str, int]]] = {
     "kubelet_weights": [("besteffort", 0)] * 3 + [("burstable", 100)] * 3,
@@ -110,15 +129,22 @@ class Node:
     def batch_tiers(self) -> list[str]:
         return [self.tier(t) for t in TIERS if (self.cpu / self.tier(t)).is_dir()]
 
+    def cpu_stat(self, rel: str, key: str) -> int:
+        for line in (self.cpu / rel / "cpu.stat").read_text().splitlines():
+            if line.startswith(key + " "):
+                return int(line.split()[1])
+        return 0
+
     def usage_ns(self, rels: list[str]) -> int:
+        if self.hierarchy.version == "v2":
+            return sum(self.cpu_stat(rel, "usage_usec") * 1000 for rel in rels)
         return sum(int((self.cpuacct / rel / "cpuacct.usage").read_text()) for rel in rels)
 
     def throttled_ns(self) -> int:
         """CFS throttled time of the protected pod (its own limit)."""
-        for line in (self.cpu / self.protected.pod / "cpu.stat").read_text().splitlines():
-            if line.startswith("throttled_time "):
-                return int(line.split()[1])
-        return 0
+        if self.hierarchy.version == "v2":
+            return self.cpu_stat(self.protected.pod, "throttled_usec") * 1000
+        return self.cpu_stat(self.protected.pod, "throttled_time")
 
     def start_burners(self) -> None:
         self.procs += [pod.start_busy() for pod in self.burners]
@@ -128,29 +154,37 @@ def write(path: Path, value: object) -> None:
     path.write_text(str(value))
 
 
+def write_shares(hierarchy: rc.Hierarchy, rel: str, shares: int) -> None:
+    """kubelet's weight for a group: cpu.shares on v1, converted to cpu.weight on v2."""
+    if hierarchy.version == "v2":
+        write(hierarchy.writable / rel / "cpu.weight", shares_to_weight(shares))
+    else:
+        write(hierarchy.writable / rel / "cpu.shares", shares)
+
+
 @contextlib.contextmanager
 def kubelet_node(scenario: str, hierarchy: rc.Hierarchy, cpus: int) -> Iterator[Node]:
-    """The pods of a scenario, with the cpu.shares kubelet writes at the node, tier, pod and container level."""
+    """The pods of a scenario, with the weights kubelet writes at the node, tier, pod and container level
+    (cpu.shares on v1, cpu.weight converted from them on v2)."""
     parent = rc.unique_name("ngprotect")
     with contextlib.ExitStack() as stack:
         burners = []
         for tier, milli in SCENARIOS[scenario]:
             pod = stack.enter_context(rc.kubelet_pod(hierarchy, parent, tier, None))
             for rel in (pod.pod, pod.container):
-                write(hierarchy.writable / rel / "cpu.shares", milli_to_shares(milli))
+                write_shares(hierarchy, rel, milli_to_shares(milli))
             burners.append(pod)
         protected = stack.enter_context(rc.kubelet_pod(hierarchy, parent, None, PROTECTED_LIMIT))
         for rel in (protected.pod, protected.container):
-            write(hierarchy.writable / rel / "cpu.shares", milli_to_shares(PROTECTED_MILLI))
+            write_shares(hierarchy, rel, milli_to_shares(PROTECTED_MILLI))
         # kubelet's kubepods sits at the root with shares = allocatable; the unique parent stands in for the root
-        # and carries that weight there too (each process outside has 1024).
+        # and carries that weight there too (each process outside has 1024; v2: the root's processes weigh 100).
         for rel in (parent, f"{parent}/kubepods"):
-            write(hierarchy.writable / rel / "cpu.shares", milli_to_shares(cpus * 1000))
+            write_shares(hierarchy, rel, milli_to_shares(cpus * 1000))
         for tier in TIERS:
             requests = sum(m for t, m in SCENARIOS[scenario] if t == tier)
-            tier_dir = hierarchy.writable / parent / "kubepods" / tier
-            if tier_dir.is_dir():
-                write(tier_dir / "cpu.shares", milli_to_shares(requests))
+            if (hierarchy.writable / parent / "kubepods" / tier).is_dir():
+                write_shares(hierarchy, f"{parent}/kubepods/{tier}", milli_to_shares(requests))
         node = Node(hierarchy, parent, protected, burners)
         try:
             yield node
@@ -228,8 +262,10 @@ def figures(window: Window, alone_p99: float) -> dict[str, Any]:
 
 def daemon_config(node: Node, objective: dict[str, Any], workdir: Path, listen: str) -> dict[str, Any]:
     """The e2e's config shape: discovery finds the pods under this run's kubepods."""
+    version = node.hierarchy.version
+    root = rc.v2_mount() if version == "v2" else rc.CGROUP_ROOT
     return {"global": {
-        "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": "v1", "tickSeconds": TICK,
+        "sensing": {"cgroupRoot": str(root), "cgroupVersion": version, "tickSeconds": TICK,
                     "kubepodsPaths": [f"{node.parent}/kubepods"]},
         "guard": {"objectives": [objective], "candidates": {"classes": ["BestEffort", "Burstable"]}},
         "actuation": {"ledgerPath": str(workdir / "run/ledger.json")},
@@ -243,7 +279,7 @@ def refused(config: dict[str, Any], workdir: Path) -> str | None:
     path = workdir / "check.json"
     path.write_text(json.dumps(config))
     done = subprocess.run([sys.executable, "-m", "nodeguard", "check-config", str(path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     if done.returncode == 0:
         return None
     said = " ".join((done.stdout + done.stderr).replace(f"{path}:", "").split())
@@ -266,6 +302,12 @@ def run_daemon(node: Node, objective: dict[str, Any], workdir: Path) -> Iterator
     daemon = DaemonProcess(config, workdir).start()
     acting = Acting()
     try:
+        if in_vm():
+            # Under emulation the daemon takes many seconds to import and start: the warm-up begins at its first
+            # tick, not while it is still starting.
+            started = daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 600,
+                                      "the daemon's first tick")  # fmt: skip
+            acting.extra["daemon_start_s"] = round(started, 1)
         yield acting
         acting.extra["throttled_workloads"] = len(
             {e.get("workload") for e in daemon.events() if e.get("event") == "throttle"}
@@ -273,7 +315,7 @@ def run_daemon(node: Node, objective: dict[str, Any], workdir: Path) -> Iterator
         if objective["metric"] == "protected_cpu_stall":
             acting.extra.update(ticks_to_target(daemon, config["global"]["http"]["listen"]))
         daemon.signal(signal.SIGTERM)
-        acting.extra["daemon_exit"] = daemon.wait(15)
+        acting.extra["daemon_exit"] = daemon.wait(120 if in_vm() else 15)
     finally:
         daemon.kill()
 
@@ -285,7 +327,7 @@ def ticks_to_target(daemon: DaemonProcess, listen: str) -> dict[str, Any]:
         (e.get("readings") or {}).get("protected_cpu_stall") for e in daemon.events() if e.get("event") == "tick"
     ]
     status: Any = None
-    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(f"http://{listen}/status", timeout=5) as response:
+    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(f"http://{listen}/status", timeout=30) as response:
         status = json.loads(response.read())
     found = {"protect_status": status.get("protected") if isinstance(status, dict) else None}
     if not any(r is not None for r in readings):
@@ -506,16 +548,44 @@ def main() -> int:
     parser.add_argument("--strategy", action="append", choices=list(STRATEGIES), help="default: all")
     parser.add_argument("--fixed-work", action="store_true",
                         help="units of a fixed count of iterations calibrated alone (default: 4 ms of CPU each)")
-    parser.add_argument("--levers", action="store_true", help="measure static levers on the burners instead")
+    parser.add_argument("--levers", action="store_true",
+                        help="measure static levers on the burners instead (host cgroup v1 only, not with --vm)")
     parser.add_argument("--lever", action="append", choices=[lv.name for lv in LEVERS], help="with --levers: a subset")
+    parser.add_argument("--vm", action="store_true",
+                        help="run the strategies in the QEMU VM on a pure cgroup v2 kernel (tests/kernel/vm.py; "
+                        "2 vCPUs, Python 15-25x slower under emulation) instead of on this host's cgroup v1")
+    parser.add_argument("--in-vm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    reason = rc.why_no_v1_cpu()
-    if reason:
-        print(json.dumps({"error": reason}))
-        return 1
-    cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
-    assert cpu is not None and cpuacct is not None
-    hierarchy = rc.Hierarchy("v1", [cpu] if cpu == cpuacct else [cpu, cpuacct])
+    if args.vm and args.levers:
+        parser.error("--levers measures v1 files (cpu.shares, cpu.cfs_*, cpu.idle) on the host; not with --vm")
+    if args.vm:
+        return run_vm(args)
+    if args.in_vm:
+        reason = rc.why_no_v2()
+        if reason is None and "cpu" not in (rc.CGROUP_ROOT / "cgroup.controllers").read_text().split():
+            reason = "no pure cgroup v2 cpu controller at /sys/fs/cgroup"
+        if reason:
+            print(json.dumps({"error": reason}))
+            return 1
+        hierarchy = rc.v2_cpu_hierarchy()
+    else:
+        reason = rc.why_no_v1_cpu()
+        if reason:
+            print(json.dumps({"error": reason}))
+            return 1
+        cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
+        assert cpu is not None and cpuacct is not None
+        hierarchy = rc.Hierarchy("v1", [cpu] if cpu == cpuacct else [cpu, cpuacct])
+    result = run(args, hierarchy)
+    if args.levers:
+        print_table(result)
+    if args.in_vm:
+        Path(os.environ["NODEGUARD_VM_OUT"], "protect.json").write_text(json.dumps(result))
+    print(json.dumps(result))
+    return 0
+
+
+def run(args: argparse.Namespace, hierarchy: rc.Hierarchy) -> dict[str, Any]:
     seconds = args.seconds if not args.levers or "--seconds" in sys.argv else 12.0
     warmup = args.warmup if args.warmup is not None else (3.0 if args.levers else 10.0)
     scenarios = args.scenario or list(SCENARIOS)
@@ -524,6 +594,7 @@ def main() -> int:
                       0 if args.fixed_work else CPU_UNITS)  # fmt: skip
         result: dict[str, Any] = bench.alone()
         print(f"alone: {json.dumps(result)}  load={load()}", flush=True)
+        result["cgroup"] = hierarchy.version
         result["load_before"] = load()
         result["scenarios"] = {}
         for scenario in scenarios:
@@ -539,9 +610,33 @@ def main() -> int:
         # The alone baseline again at the end: how far the machine's other work moved it during the run.
         result["alone_p99_ms_at_end"] = bench.alone()["alone_p99_ms"]
         result["load_after"] = load()
-    if args.levers:
-        print_table(result)
-    print(json.dumps(result))
+    return result
+
+
+def run_vm(args: argparse.Namespace) -> int:
+    """This script with --in-vm in a fresh VM; its progress on the console, its result JSON as the last line."""
+    from tests.kernel.vm import run_in_vm, vm_available
+
+    reason = vm_available() or rc.why_no_v2()
+    if reason:
+        print(json.dumps({"error": reason}))
+        return 1
+    argv = [sys.executable, str(Path(__file__).resolve()), "--in-vm", "--seconds", str(args.seconds)]
+    argv += ["--warmup", str(args.warmup)] if args.warmup is not None else []
+    argv += [f"--scenario={s}" for s in args.scenario or []] + [f"--strategy={s}" for s in args.strategy or []]
+    argv += ["--fixed-work"] if args.fixed_work else []
+    runs = len(args.scenario or SCENARIOS) * len(args.strategy or STRATEGIES) + 2  # + alone at start and end
+    # Generous: each run's window and warm-up, plus the emulated daemon's start, check-config and exit.
+    timeout = 900 + runs * ((args.warmup if args.warmup is not None else 10.0) + args.seconds + 300)
+    host_load = load()
+    with tempfile.TemporaryDirectory(prefix="ngprotect-vm-") as out:
+        result = run_in_vm(argv, cwd=str(REPO), out_dir=Path(out), timeout=timeout, echo=sys.stdout.buffer)
+        found = Path(out) / "protect.json"
+        if result.exit_code != 0 or not found.exists():
+            print(json.dumps({"error": f"VM run failed with exit code {result.exit_code}"}))
+            return 1
+        figures = json.loads(found.read_text())
+    print(json.dumps({**figures, "host_load_before": host_load, "host_load_after": load()}))
     return 0
 
 
