@@ -67,6 +67,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from nodeguard.model.samples import CpuMax  # noqa: E402
+from nodeguard.sources.cgroupfs import shares_to_weight  # noqa: E402
 from tests import realcgroups as rc  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
 from tests.gate.helpers import free_port  # noqa: E402
@@ -87,11 +88,6 @@ WATERLINE_OBJECTIVE = {"metric": "cpu_total_utilization", "action": "throttle", 
 def milli_to_shares(milli: int) -> int:
     """kubelet's MilliCPUToShares: a request in millicores as cpu.shares (at least 2)."""
     return max(2, milli * 1024 // 1000)
-
-
-def shares_to_weight(shares: int) -> int:
-    """kubelet's CpuSharesToCpuWeight: cgroup v1 shares [2, 262144] as v2 cpu.weight [1, 10000]."""
-    return 1 + ((shares - 2) * 9999) // 262142
 
 
 def in_vm() -> bool:

@@ -66,7 +66,7 @@ from nodeguard.policy.gaps import Gaps, compute_gaps
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import GENERAL_SORTER, Ranked, ordering
 from nodeguard.policy.settings import GuardSettings
-from nodeguard.policy.stall import Stall, competing_group, covers, is_protected, stalls, worst
+from nodeguard.policy.stall import competing_group, covers, is_protected, stalls, worst
 from nodeguard.policy.state import (
     STREAK_CAP,
     Direction,
@@ -323,10 +323,10 @@ class _Tick:
             held_back=tuple(self.held_back[wid] for wid in sorted(self.holding)),
             protected=tuple(
                 ProtectedStall(
-                    s.usage.workload.id if isinstance(s, Stall) else s.workload.id,
-                    s.usage.workload.name if isinstance(s, Stall) else s.workload.name,
-                    100.0 * s.share if isinstance(s, Stall) else None,
-                    s.usage.waiting_cores if isinstance(s, Stall) else None,
+                    s.usage.workload.id,
+                    s.usage.workload.name,
+                    None if s.share is None else 100.0 * s.share,
+                    s.usage.waiting_cores,
                 )
                 for s in self.stalls
             ),
@@ -373,14 +373,11 @@ class _Tick:
             detail = f"{_fmt(remaining * per_unit)} of the gap stays open: no candidate can release more"
             self.block(line.metric, Direction.THROTTLE, "exhausted", detail + self._holding_note())
 
-    def _protected_ids(self) -> list[str]:
-        return [s.usage.workload.id if isinstance(s, Stall) else s.workload.id for s in self.stalls]
-
     def _lower_weights(self, line: Waterline, ranked: Ranked) -> bool:
         """The first lever: lower the weight of every group that competes with the most stalled protected
         workload and holds an active candidate (never a group holding a protected workload); False when none
         is left to lower."""
-        protected = self._protected_ids()
+        protected = [s.usage.workload.id for s in self.stalls]
         harmed = self.worst_stall
         target = harmed.usage.workload.id if harmed is not None else (protected[0] if protected else None)
         if target is None:

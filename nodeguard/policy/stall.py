@@ -26,7 +26,7 @@ from nodeguard.model.workloads import QosClass, Workload
 
 class Stall(NamedTuple):
     usage: WorkloadUsage
-    share: float  # of the last tick, 0..1
+    share: float | None  # of the last tick, 0..1; None before it has a usage rate
 
 
 def is_protected(workload: Workload, patterns: tuple[str, ...]) -> bool:
@@ -51,14 +51,9 @@ def stall_share(usage: WorkloadUsage) -> float | None:
     return min(1.0, max(0.0, waited - own))
 
 
-def stalls(workloads: Mapping[str, WorkloadUsage], patterns: tuple[str, ...]) -> list[Stall | WorkloadUsage]:
-    """Each protected workload's stall; a workload without one yet stands for itself."""
-    found: list[Stall | WorkloadUsage] = []
-    for usage in workloads.values():
-        if is_protected(usage.workload, patterns):
-            share = stall_share(usage)
-            found.append(usage if share is None else Stall(usage, share))
-    return found
+def stalls(workloads: Mapping[str, WorkloadUsage], patterns: tuple[str, ...]) -> list[Stall]:
+    """Each protected workload's stall."""
+    return [Stall(u, stall_share(u)) for u in workloads.values() if is_protected(u.workload, patterns)]
 
 
 def competing_group(candidate: str, protected: str) -> str | None:
@@ -82,7 +77,12 @@ def covers(group: str, workload_id: str) -> bool:
     return workload_id == group or workload_id.startswith(group + "/")
 
 
-def worst(found: Iterable[Stall | WorkloadUsage]) -> Stall | None:
-    """The most stalled protected workload (it drives the objective)."""
-    known = [s for s in found if isinstance(s, Stall)]
-    return max(known, key=lambda s: (s.share, s.usage.workload.id), default=None)
+class Harmed(NamedTuple):
+    usage: WorkloadUsage
+    share: float
+
+
+def worst(found: Iterable[Stall]) -> Harmed | None:
+    """The most stalled protected workload with a stall known (it drives the objective)."""
+    known = [Harmed(s.usage, s.share) for s in found if s.share is not None]
+    return max(known, key=lambda h: (h.share, h.usage.workload.id), default=None)

@@ -99,7 +99,7 @@ def _state(state: GuardState) -> dict[str, Any]:
 
 def _protected(plan: Plan) -> list[dict[str, Any]]:
     """Each protected workload's stall against the protected_cpu_stall objective's target (None without one)."""
-    line = next((w for w in plan.waterlines.values() if w.metric is Metric.PROTECTED_CPU_STALL), None)
+    line = plan.waterlines.get((Metric.PROTECTED_CPU_STALL, "throttle"))
     # The levers held for it now (this tick's included).
     levers = [f"cpu weight lowered on {group}" for group in sorted(plan.state.lowered)] + sorted(
         {

@@ -77,6 +77,11 @@ def parse_int_or_max(text: str, what: str) -> int | None:
         raise ParseError(f"{what}: expected a number or 'max', got {text[:80]!r}") from None
 
 
+def shares_to_weight(shares: int) -> int:
+    """cgroup v1 ``cpu.shares`` [2, 262144] as v2 ``cpu.weight`` [1, 10000]: the kernel's and kubelet's mapping."""
+    return 1 + ((shares - 2) * 9999) // 262142
+
+
 def parse_cpu_weight(text: str) -> int:
     weight = parse_int_or_max(text, "cpu.weight")
     if weight is None or not 1 <= weight <= 10_000:

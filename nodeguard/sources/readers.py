@@ -29,6 +29,7 @@ from nodeguard.sources.cgroupfs import (
     parse_pids,
     parse_psi,
     parse_psi_totals,
+    shares_to_weight,
 )
 from nodeguard.sources.procfs import parse_loadavg, parse_meminfo, parse_proc_stat_cpu
 from nodeguard.sources.taskwait import TaskWait, Waits, subtree
@@ -252,8 +253,7 @@ class V1Reader:
         limit = read_detail(self.memory_path + "/memory.limit_in_bytes") if self.memory_path else None
         shares = read_detail(self.path + "/cpu.shares")
         return CgroupDetails(
-            # cpu.shares 2..262144 maps onto cpu.weight 1..10000 as the kernel's v1/v2 bridge does.
-            cpu_weight=1 + ((int(shares) - 2) * 9999) // 262142 if shares else None,
+            cpu_weight=shares_to_weight(int(shares)) if shares else None,
             cpu_pressure=None,
             memory_max=parse_memory_limit_v1(limit) if limit is not None else None,
             memory_events=None,

@@ -29,6 +29,7 @@ import pytest
 
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
+from nodeguard.sources.cgroupfs import shares_to_weight
 from nodeguard.sources.readers import count_cpus
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
@@ -100,7 +101,7 @@ def set_shares(hierarchy: rc.Hierarchy, rel: str, shares: int) -> None:
     if hierarchy.version == "v1":
         (hierarchy.writable / rel / "cpu.shares").write_text(str(shares))
     else:  # kubelet's conversion of shares to cpu.weight
-        (hierarchy.writable / rel / "cpu.weight").write_text(str(1 + ((shares - 2) * 9999) // 262142))
+        (hierarchy.writable / rel / "cpu.weight").write_text(str(shares_to_weight(shares)))
 
 
 @contextlib.contextmanager
