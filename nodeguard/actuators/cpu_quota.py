@@ -167,7 +167,7 @@ class QuotaWriter:
                 self._write(write.path, write.before, write.after, context)
             except (OSError, ActuationRefused) as exc:
                 self._undo(done)
-                raise _refusal(write.path, self._file(write), exc) from None
+                raise refusal(write.path, self._file(write), exc) from None
             done.append(write)
 
     def _undo(self, done: list[LimitWrite]) -> None:
@@ -216,7 +216,8 @@ class QuotaWriter:
         return self.writer.write(path, "cpu.cfs_quota_us", quota, **context)
 
 
-def _refusal(path: str, filename: str, exc: OSError | ActuationRefused) -> LimitRefused:
+def refusal(path: str, filename: str, exc: OSError | ActuationRefused) -> LimitRefused:
+    """A refused write (kernel errno, or the single writer's own refusal) as LimitRefused."""
     if isinstance(exc, ActuationRefused):
         return LimitRefused(path, filename, "refused", str(exc))
     name = errno.errorcode.get(exc.errno or 0, str(exc.errno))

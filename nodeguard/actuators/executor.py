@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nodeguard.actuators.cpu_quota import LimitRefused, LimitWrite, QuotaWriter, rate_above
+from nodeguard.actuators.cpu_quota import LimitRefused, LimitWrite, QuotaWriter, rate_above, refusal
 from nodeguard.actuators.cpu_weight import WeightWriter
 from nodeguard.actuators.evictors import Evictor
 from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, LimitRecord, Ownership, WeightRecord
@@ -432,8 +432,13 @@ class Executor:
     # --- CPU weights (protected_cpu_stall) ------------------------------------------
 
     def reweigh(self, plan: Plan, state: GuardState) -> GuardState:
-        """Lower or put back the plan's weights (ledger first), and re-assert the others that drifted."""
+        """Lower or put back the plan's weights (ledger first), and re-assert the others that drifted.
+
+        A group whose weight the kernel refused is held back like a workload whose quota was (the planner
+        then goes on to the quota lever).
+        """
         lowered = dict(state.lowered)
+        refused: dict[str, HeldBack] = {}
         touched: set[str] = set()
         for action in plan.reweighs:
             if action.dry_run:
@@ -442,14 +447,22 @@ class Executor:
                 continue
             touched.add(action.group)
             if action.lower:
-                if not self._lower_weight(action):
+                try:
+                    if not self._lower_weight(action):
+                        lowered.pop(action.group, None)
+                except LimitRefused as exc:
                     lowered.pop(action.group, None)
+                    self._weight_failed(action.group, "lower", exc)
+                    refused[action.group] = held_back_after(
+                        state.held_back.get(action.group), action.group, error=exc.error, file=exc.file,
+                        detail=exc.detail, now=plan.monotonic, first=self.holds.first, longest=self.holds.longest,
+                    )  # fmt: skip
             else:
                 self._weight_back(action)
         for group in lowered.keys() - touched:
             if not self._reassert_weight(group):
                 lowered.pop(group, None)
-        return replace(state, lowered=lowered)
+        return replace(state, lowered=lowered).with_held_back(refused)
 
     def _lower_weight(self, action: Reweigh) -> bool:
         group, least = action.group, self.weights.least
@@ -459,8 +472,10 @@ class Executor:
         except CgroupGone:
             self.ledger.weights.pop(group, None)
             return False
-        except (OSError, ParseError, ActuationRefused) as exc:
-            return self._weight_failed(group, "read", exc)
+        except ParseError as exc:
+            raise LimitRefused(group, self.weights.file.name, "unparsable", str(exc)) from None
+        except (OSError, ActuationRefused) as exc:
+            raise refusal(group, self.weights.file.name, exc) from None
         original = held.original if held is not None else current
         self.ledger.weights[group] = WeightRecord(
             group=group, cgroup_version="v2" if self.weights.version == "v2" else "v1", original=original,
@@ -480,7 +495,7 @@ class Executor:
         except (OSError, ActuationRefused) as exc:
             self._forget_weight(group, held)
             self._save("a weight refused")
-            return self._weight_failed(group, "write", exc)
+            raise refusal(group, self.weights.file.name, exc) from None
         self.ledger.weights[group] = replace(self.ledger.weights[group], applied=least, pending=None)
         self._save("after lowering a weight")
         self.counters.count(action.kind, str(action.metric), False)

@@ -174,7 +174,8 @@ class _Tick:
             else:
                 self.evictions[wid] = pending
         self.expired = tuple(expired)
-        self.held_back = {wid: h for wid, h in state.held_back.items() if wid in self.workloads}
+        # Kept for workloads still here, and for groups whose weight was refused while their hold lasts.
+        self.held_back = {wid: h for wid, h in state.held_back.items() if wid in self.workloads or h.until > self.now}
         self.holding = {wid for wid, h in self.held_back.items() if h.until > self.now}
 
         self.gaps = compute_gaps(self.readings, self.lines, bool(self.throttles))
@@ -387,7 +388,9 @@ class _Tick:
             if (usage.cores or 0.0) < ACTIVE_CORES:
                 continue
             group = competing_group(usage.workload.id, target)
-            if group is None or group in self.lowered or any(covers(group, p) for p in protected):
+            if group is None or group in self.lowered or group in self.holding:
+                continue
+            if any(covers(group, p) for p in protected):
                 continue
             groups.setdefault(group, []).append(usage.workload.id)
         if not groups:

@@ -15,6 +15,7 @@ from nodeguard.actuators.evictors import Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
+from nodeguard.model.workloads import QosClass
 from nodeguard.policy.actions import Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import plan
@@ -143,3 +144,24 @@ def test_a_ledger_entry_is_written_before_the_kernel_file(tmp_path: Path) -> Non
         busy = snapshot([usage(pod.pod, cores=1.0, cpu_max=POD_LIMIT)], cpus=2, cores_used=1.9)
         executor.carry_out(plan(busy, GuardState(), guard(cpu_throttle(1.4, 1.0))), GuardState(), busy)
         assert len(seen_on_disk) == 2, "the container, then the pod"
+
+
+def test_a_refused_weight_is_held_back_and_leaves_no_ledger_record(tmp_path: Path) -> None:
+    """A weight the writer cannot set (here cpu.shares is no file the kernel would take) is not recorded as
+    lowered: the group is held back with the errno and the file, and the ledger keeps nothing of it."""
+    root = tmp_path / "cpu"
+    (root / "kp/burstable/cpu.shares").mkdir(parents=True)  # reading or writing it fails with EISDIR
+    ledger = Ledger(str(tmp_path / "run/ledger.json"))
+    executor = Executor(QuotaWriter(CgroupWriter(str(root)), "v1"), NoEvictions(), ledger, lambda coro, name: None)
+    stalled = usage("kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=0.3, starved=0.0)
+    burner = usage("kp/burstable/pod0", qos=QosClass.BURSTABLE, cores=1.0, waiting=0.9)
+    objective = {"metric": "protected_cpu_stall", "threshold": "5%", "restoreBelow": "1%", "action": "throttle",
+                 "triggerAfter": 1}  # fmt: skip
+    p = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), guard(objective))
+    assert [r.group for r in p.reweighs] == ["kp/burstable"]
+    state = executor.reweigh(p, p.state)
+    assert state.lowered == {}
+    hold = state.held_back["kp/burstable"]
+    assert (hold.error, hold.file) == ("EISDIR", "cpu.shares") and hold.until > p.monotonic
+    assert ledger.weights == {}
+    assert executor.counters.failed == 1

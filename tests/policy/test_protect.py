@@ -15,7 +15,7 @@ from nodeguard.policy.actions import Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan, plan
 from nodeguard.policy.stall import competing_group, stall_share
-from nodeguard.policy.state import GuardState
+from nodeguard.policy.state import GuardState, HeldBack, LoweredWeight
 from nodeguard.policy.trace import plan_to_data
 from nodeguard.policy.whatif import what_if
 from nodeguard.surfaces.render import render_plan
@@ -250,3 +250,15 @@ def test_quota_waits_while_lowered_weights_drain_the_stall() -> None:
     assert throttles(draining) == [] and any("draining" in b.detail for b in draining.blocked)
     late = plan(snapshot(kubelet_node(0.08), cpus=2, cores_used=2.0, monotonic=121.0), state, WEIGHT)
     assert throttles(late), "past the patience"
+
+
+def test_a_group_held_back_after_a_refused_weight_leaves_the_gap_to_the_quota_lever() -> None:
+    """While a tier's weight write is held back (the kernel refused it), the planner does not retry it: the
+    quota lever closes the harm instead, on the burners in that tier too."""
+    hold = HeldBack("kp/burstable", "EACCES", "cpu.shares", "refused", 99.0, 130.0, 1)
+    lowered = {"kp/besteffort": LoweredWeight("kp/besteffort", 90.0, 20.0)}
+    state = GuardState(held_back={"kp/burstable": hold}, lowered=lowered)
+    p = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), state, WEIGHT)
+    assert p.reweighs == ()
+    assert {a.workload_id for a in throttles(p)} & {"kp/burstable/pod0", "kp/burstable/pod1"}
+    assert [h.workload_id for h in p.held_back] == ["kp/burstable"], "the hold shows in the plan"
