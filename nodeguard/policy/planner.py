@@ -174,8 +174,12 @@ class _Tick:
             else:
                 self.evictions[wid] = pending
         self.expired = tuple(expired)
-        # Kept for workloads still here, and for groups whose weight was refused while their hold lasts.
-        self.held_back = {wid: h for wid, h in state.held_back.items() if wid in self.workloads or h.until > self.now}
+        # Kept for workloads still here, and for groups (a refused weight) that still hold one.
+        self.held_back = {
+            wid: h
+            for wid, h in state.held_back.items()
+            if wid in self.workloads or any(covers(wid, other) for other in self.workloads)
+        }
         self.holding = {wid for wid, h in self.held_back.items() if h.until > self.now}
 
         self.gaps = compute_gaps(self.readings, self.lines, bool(self.throttles))
