@@ -117,6 +117,8 @@ def start_busy(*groups: Path) -> subprocess.Popen[bytes]:
 def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.kill()
     proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,10 @@ from nodeguard.sources.taskwait import TaskWait, Waits, subtree
 from tests import realcgroups as rc
 from tests.workloads import DUTY_CYCLE
 
-PINNED_BUSY = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
-PINNED_DUTY = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[2])})\n" + DUTY_CYCLE
+# Each says it is pinned (one line) before it loops: in the emulated VM a Python start can outlast a fixed sleep, and
+# a child measured before it pins itself runs on both CPUs.
+PINNED_BUSY = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); print(flush=True)\nwhile True: pass"
+PINNED_DUTY = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[2])}); print(flush=True)\n" + DUTY_CYCLE
 
 
 @pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
@@ -27,9 +29,10 @@ def hierarchy(request: pytest.FixtureRequest) -> rc.Hierarchy:
 
 
 def start(code: str, args: list[str], hierarchy: rc.Hierarchy, rel: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", code, *args])
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE)
     for group in hierarchy.dirs(rel):
         (group / "cgroup.procs").write_text(str(proc.pid))
+    assert proc.stdout is not None and proc.stdout.readline() == b"\n", "the child pinned itself"
     return proc
 
 
