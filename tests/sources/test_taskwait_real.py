@@ -38,13 +38,17 @@ def start(code: str, args: list[str], hierarchy: rc.Hierarchy, rel: str) -> subp
 
 def usage_ns(hierarchy: rc.Hierarchy, rel: str) -> int:
     if hierarchy.version == "v2":
-        line = next(x for x in (hierarchy.writable / rel / "cpu.stat").read_text().splitlines() if x.startswith("usage"))
+        line = next(
+            x for x in (hierarchy.writable / rel / "cpu.stat").read_text().splitlines() if x.startswith("usage")
+        )
         return int(line.split()[1]) * 1000
     return int((hierarchy.roots[-1] / rel / "cpuacct.usage").read_text())
 
 
 def waits_of(hierarchy: rc.Hierarchy, rel: str) -> TaskWait:
-    return TaskWait(subtree(str(hierarchy.writable / rel)), list_name="tasks" if hierarchy.version == "v1" else "cgroup.threads")
+    return TaskWait(
+        subtree(str(hierarchy.writable / rel)), list_name="tasks" if hierarchy.version == "v1" else "cgroup.threads"
+    )
 
 
 def measure(wait: TaskWait, hierarchy: rc.Hierarchy, rel: str, seconds: float) -> tuple[Waits, float]:
