@@ -37,7 +37,7 @@ v2: cpu.stat usage_usec of the batch tiers over the window), the protected
 pod's own throttled time (v1 cpu.stat throttled_time, v2 throttled_usec) and,
 for protect, ticks_to_target. The last line is one JSON object.
 
-``--levers`` (host cgroup v1 only) instead measures static settings on the burner pods: per-pod
+``--levers`` (v1 on the host, v2 with ``--vm``) instead measures static settings on the burner pods: per-pod
 quotas that sum to 1.5, 1.2 and 1.0 cores at CFS periods of 100, 10 and 5 ms;
 ``cpu.shares`` 2 on the pods alone, on the tiers alone (what nodeguard's weight
 lever does) and on both; ``cpu.idle``
@@ -142,6 +142,13 @@ class Node:
             return self.cpu_stat(self.protected.pod, "throttled_usec") * 1000
         return self.cpu_stat(self.protected.pod, "throttled_time")
 
+    def pressure_ns(self) -> int | None:
+        """The protected pod's cpu.pressure ``some`` total (v2; v1 has no per-cgroup PSI)."""
+        if self.hierarchy.version != "v2":
+            return None
+        some = (self.cpu / self.protected.pod / "cpu.pressure").read_text().splitlines()[0]
+        return int(some.rsplit("total=", 1)[1]) * 1000
+
     def start_burners(self) -> None:
         self.procs += [pod.start_busy() for pod in self.burners]
 
@@ -212,6 +219,7 @@ class Window:
     batch_cores: float
     seconds: float
     protected_throttled_ms: int
+    protected_stall_pct: float | None  # v2: cpu.pressure some minus its own throttling, as the daemon reads it
 
 
 def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds: float) -> Window:
@@ -221,10 +229,10 @@ def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds
         time.sleep(warmup)
         tiers = node.batch_tiers()
         since, (busy0, total0), usage0 = time.monotonic(), cpu_times(), node.usage_ns(tiers)
-        throttled0 = node.throttled_ns()
+        throttled0, pressure0 = node.throttled_ns(), node.pressure_ns()
         time.sleep(seconds)
         until, (busy1, total1), usage1 = time.monotonic(), cpu_times(), node.usage_ns(tiers)
-        throttled1 = node.throttled_ns()
+        throttled1, pressure1 = node.throttled_ns(), node.pressure_ns()
     finally:
         probe.send_signal(signal.SIGTERM)
         try:
@@ -238,6 +246,8 @@ def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds
         round((usage1 - usage0) / 1e9 / (until - since), 2),
         until - since,
         round((throttled1 - throttled0) / 1e6),
+        None if pressure0 is None or pressure1 is None
+        else round(100 * max(0, pressure1 - pressure0 - (throttled1 - throttled0)) / 1e9 / (until - since), 2),
     )
 
 
@@ -250,6 +260,7 @@ def figures(window: Window, alone_p99: float) -> dict[str, Any]:
         "node_busy_pct": window.node_busy_pct,
         "batch_cores": window.batch_cores,
         "protected_throttled_ms": window.protected_throttled_ms,  # its own quota, which no strategy can fix
+        **({} if window.protected_stall_pct is None else {"protected_stall_pct": window.protected_stall_pct}),
     }
 
 
@@ -424,31 +435,39 @@ LEVERS = [
 def applied(node: Node, lever: Lever) -> Iterator[None]:
     """The lever's files written, every original put back afterwards (quota before period, as v1 needs)."""
     files: dict[Path, str] = {}
+    v2 = node.hierarchy.version == "v2"
 
-    def set_file(path: Path, value: int) -> None:
+    def set_file(path: Path, value: object) -> None:
         files.setdefault(path, path.read_text().strip())
         try:
             write(path, value)
         except OSError as error:
             raise OSError(error.errno, f"{error.strerror} writing {value} to {path.name}") from error
 
+    def set_shares(group: Path, shares: int) -> None:
+        set_file(group / "cpu.weight", shares_to_weight(shares)) if v2 else set_file(group / "cpu.shares", shares)
+
     try:
         for pod in node.burners:
             group = node.cpu / pod.pod
             if lever.batch_cores is not None:
-                set_file(group / "cpu.cfs_quota_us", -1)
-                set_file(group / "cpu.cfs_period_us", lever.period_us)
-                set_file(group / "cpu.cfs_quota_us", round(lever.batch_cores / len(node.burners) * lever.period_us))
+                quota = round(lever.batch_cores / len(node.burners) * lever.period_us)
+                if v2:
+                    set_file(group / "cpu.max", f"{quota} {lever.period_us}")
+                else:
+                    set_file(group / "cpu.cfs_quota_us", -1)
+                    set_file(group / "cpu.cfs_period_us", lever.period_us)
+                    set_file(group / "cpu.cfs_quota_us", quota)
             if lever.shares is not None and lever.shares_on_pods:
-                set_file(group / "cpu.shares", lever.shares)
+                set_shares(group, lever.shares)
         for tier in node.batch_tiers():
             if lever.shares is not None and lever.shares_on_tiers:
-                set_file(node.cpu / tier / "cpu.shares", lever.shares)
+                set_shares(node.cpu / tier, lever.shares)
             if lever.idle_tiers:
                 # Unsetting cpu.idle leaves cpu.shares at 1024 (seen on 6.18, v1), not what it was: record the
-                # shares first so they are written back after cpu.idle.
-                shares = node.cpu / tier / "cpu.shares"
-                files.setdefault(shares, shares.read_text().strip())
+                # weight first so it is written back after cpu.idle.
+                weight = node.cpu / tier / ("cpu.weight" if v2 else "cpu.shares")
+                files.setdefault(weight, weight.read_text().strip())
                 set_file(node.cpu / tier / "cpu.idle", 1)
         yield
     finally:
@@ -485,7 +504,9 @@ class Bench:
             self.alone_p99 = self.alone_p99 or worst
             return {"alone_p99_ms": round(worst, 2), "probe_unit": "4 ms of CPU",
                     "alone_node_busy_pct": window.node_busy_pct,
-                    "alone_throttled_ms": window.protected_throttled_ms}  # fmt: skip
+                    "alone_throttled_ms": window.protected_throttled_ms,
+                    **({} if window.protected_stall_pct is None
+                       else {"alone_stall_pct": window.protected_stall_pct})}  # fmt: skip
         return self.calibrated_alone()
 
     def calibrated_alone(self) -> dict[str, Any]:
@@ -545,15 +566,13 @@ def main() -> int:
     parser.add_argument("--fixed-work", action="store_true",
                         help="units of a fixed count of iterations calibrated alone (default: 4 ms of CPU each)")
     parser.add_argument("--levers", action="store_true",
-                        help="measure static levers on the burners instead (host cgroup v1 only, not with --vm)")
+                        help="measure static levers on the burners instead")
     parser.add_argument("--lever", action="append", choices=[lv.name for lv in LEVERS], help="with --levers: a subset")
     parser.add_argument("--vm", action="store_true",
                         help="run the strategies in the QEMU VM on a pure cgroup v2 kernel (tests/kernel/vm.py; "
                         "2 vCPUs, Python 15-25x slower under emulation) instead of on this host's cgroup v1")
     parser.add_argument("--in-vm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.vm and args.levers:
-        parser.error("--levers measures v1 files (cpu.shares, cpu.cfs_*, cpu.idle) on the host; not with --vm")
     if args.vm:
         return run_vm(args)
     if args.in_vm:
@@ -621,6 +640,7 @@ def run_vm(args: argparse.Namespace) -> int:
     argv += ["--warmup", str(args.warmup)] if args.warmup is not None else []
     argv += [f"--scenario={s}" for s in args.scenario or []] + [f"--strategy={s}" for s in args.strategy or []]
     argv += ["--fixed-work"] if args.fixed_work else []
+    argv += ["--levers", *[f"--lever={lv}" for lv in args.lever or []]] if args.levers else []
     runs = len(args.scenario or SCENARIOS) * len(args.strategy or STRATEGIES) + 2  # + alone at start and end
     # Generous: each run's window and warm-up, plus the emulated daemon's start, check-config and exit.
     timeout = 900 + runs * ((args.warmup if args.warmup is not None else 10.0) + args.seconds + 300)

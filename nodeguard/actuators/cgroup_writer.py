@@ -19,7 +19,16 @@ from nodeguard.log import get_logger
 log = get_logger("nodeguard.writer")
 
 WRITABLE_FILES = frozenset(
-    {"cpu.max", "cpu.cfs_quota_us", "cpu.cfs_period_us", "cpu.shares", "cpu.weight", "cgroup.freeze", "cgroup.kill"}
+    {
+        "cpu.max",
+        "cpu.cfs_quota_us",
+        "cpu.cfs_period_us",
+        "cpu.shares",
+        "cpu.weight",
+        "cpu.idle",
+        "cgroup.freeze",
+        "cgroup.kill",
+    }
 )
 _GONE = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
 # Refusals that mean nodeguard cannot write at all (not root, a read-only mount), not one workload's trouble.
@@ -48,6 +57,10 @@ class CgroupWriter:
         if filename not in WRITABLE_FILES:
             self.counters.refused += 1
             raise ActuationRefused(f"nodeguard never writes {filename!r}")
+        return os.path.join(self.dir_of(workload_id), filename)
+
+    def dir_of(self, workload_id: str) -> str:
+        """The checked absolute path of a cgroup directory, or ActuationRefused."""
         if not workload_id or workload_id.startswith("/") or "\x00" in workload_id:
             self.counters.refused += 1
             raise ActuationRefused(f"bad workload path {workload_id!r}")
@@ -55,7 +68,7 @@ class CgroupWriter:
         if os.path.commonpath([self.root, directory]) != self.root or directory == self.root:
             self.counters.refused += 1
             raise ActuationRefused(f"{workload_id!r} resolves to {directory}, outside the cgroup root {self.root}")
-        return os.path.join(directory, filename)
+        return directory
 
     def read(self, workload_id: str, filename: str) -> str:
         path = self.path_of(workload_id, filename)
@@ -66,6 +79,10 @@ class CgroupWriter:
             if exc.errno in _GONE:
                 raise CgroupGone(path) from None
             raise
+
+    def exists(self, workload_id: str) -> bool:
+        """Whether the group's directory is there (a checked path, like every read and write)."""
+        return os.path.isdir(self.dir_of(workload_id))
 
     def write(self, workload_id: str, filename: str, value: str, **context: object) -> bool:
         """Write ``value``; True when written (or logged, in dry run). Kernel refusals raise OSError."""

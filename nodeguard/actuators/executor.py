@@ -465,7 +465,7 @@ class Executor:
         return replace(state, lowered=lowered).with_held_back(refused)
 
     def _lower_weight(self, action: Reweigh) -> bool:
-        group, least = action.group, self.weights.least
+        group = action.group
         held = self.ledger.weights.get(group)
         try:
             current = self.weights.read(group)
@@ -477,6 +477,7 @@ class Executor:
         except (OSError, ActuationRefused) as exc:
             raise refusal(group, self.weights.file.name, exc) from None
         original = held.original if held is not None else current
+        least = self.weights.least  # known once a group was read: cpu.idle or not
         self.ledger.weights[group] = WeightRecord(
             group=group, cgroup_version="v2" if self.weights.version == "v2" else "v1", original=original,
             applied=held.applied if held is not None else current, pending=least, reason=action.reason,

@@ -123,13 +123,14 @@ def entry(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WeightRecord:
-    """A group's CPU weight (cpu.shares on v1, cpu.weight on v2): before nodeguard, as nodeguard set it."""
+    """A group's CPU weight (cpu.shares on v1, cpu.weight on v2, 0 for cpu.idle set on v2): before nodeguard, as
+    nodeguard set it."""
 
     group: str
     cgroup_version: Literal["v1", "v2"]
-    original: Annotated[int, Field(ge=1, le=262144)]
-    applied: Annotated[int, Field(ge=1, le=262144)]
-    pending: Annotated[int, Field(ge=1, le=262144)] | None = None  # about to be written
+    original: Annotated[int, Field(ge=0, le=262144)]
+    applied: Annotated[int, Field(ge=0, le=262144)]
+    pending: Annotated[int, Field(ge=0, le=262144)] | None = None  # about to be written
     reason: str = ""
     changed_at: float = 0.0
 

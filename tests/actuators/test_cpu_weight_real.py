@@ -1,0 +1,87 @@
+"""The weight lever on real kernels: v1 cpu.shares on this host, v2 cpu.weight and cpu.idle in the VM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.actuators.cpu_weight import IDLE, WeightWriter
+from nodeguard.actuators.ledger import Ledger, WeightRecord
+from nodeguard.actuators.restore import Outcome, restore_weight
+from tests import realcgroups as rc
+
+# A Burstable tier's weight as kubelet writes it: three pods requesting 0.1 core (cpu.shares 307, cpu.weight 12).
+ORIGINAL = {"v1": 307, "v2": 12}
+
+
+@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
+def hierarchy(request: pytest.FixtureRequest) -> rc.Hierarchy:
+    return rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
+
+
+def weight_file(hierarchy: rc.Hierarchy) -> str:
+    return "cpu.shares" if hierarchy.version == "v1" else "cpu.weight"
+
+
+def test_lowered_to_the_least_and_put_back_exactly(hierarchy: rc.Hierarchy, tmp_path: Path) -> None:
+    """The lever writes the kernel's least (v1 cpu.shares 2; v2 cpu.idle, which the kernel has) and the restore
+    puts the exact original weight back, with cpu.idle cleared first (clearing it resets the weight to 100)."""
+    rel = f"{rc.unique_name()}/tier"
+    with hierarchy.groups(rel):
+        group = hierarchy.writable / rel
+        (group / weight_file(hierarchy)).write_text(str(ORIGINAL[hierarchy.version]))
+        weights = WeightWriter(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
+        assert weights.read(rel) == ORIGINAL[hierarchy.version]
+        least = weights.least
+        weights.write(rel, least)
+        if hierarchy.version == "v2":
+            assert least == IDLE
+            assert (group / "cpu.idle").read_text().strip() == "1"
+            assert weights.read(rel) == IDLE
+        else:
+            assert least == 2
+            assert (group / "cpu.shares").read_text().strip() == "2"
+        record = WeightRecord(group=rel, cgroup_version=hierarchy.version, original=ORIGINAL[hierarchy.version],
+                              applied=least)  # fmt: skip
+        ledger = Ledger(str(tmp_path / "ledger.json"))
+        ledger.weights[rel] = record
+        ledger.save()
+        assert Ledger.load(str(tmp_path / "ledger.json")).weights[rel] == record, "the least survives the ledger"
+        assert restore_weight(weights, record) is Outcome.RESTORED
+        assert (group / weight_file(hierarchy)).read_text().strip() == str(ORIGINAL[hierarchy.version])
+        if hierarchy.version == "v2":
+            assert (group / "cpu.idle").read_text().strip() == "0"
+        assert restore_weight(weights, record) is Outcome.ALREADY
+
+
+@pytest.mark.kernel
+def test_an_idle_group_rewritten_by_kubelet_is_not_idle_afterwards() -> None:
+    """kubelet cannot write an idle group's cpu.weight (EINVAL), so the weight read back stays IDLE: nodeguard's;
+    a group someone else cleared cpu.idle on reads as its (reset) weight, which the executor treats as drift."""
+    hierarchy = rc.v2_cpu_hierarchy()
+    rel = f"{rc.unique_name()}/tier"
+    with hierarchy.groups(rel):
+        group = hierarchy.writable / rel
+        weights = WeightWriter(CgroupWriter(str(hierarchy.writable)), "v2")
+        weights.read(rel)
+        weights.write(rel, weights.least)
+        with pytest.raises(OSError):
+            (group / "cpu.weight").write_text("40")
+        assert weights.read(rel) == IDLE
+        (group / "cpu.idle").write_text("0")
+        assert weights.read(rel) == 100
+
+
+def test_a_kernel_without_cpu_idle_falls_back_to_the_least_weight(tmp_path: Path) -> None:
+    """A v2 group with no cpu.idle file (kernels before 5.15; a plain directory stands in, as no such kernel runs
+    here) is lowered to cpu.weight 1 and read as its weight."""
+    (tmp_path / "tier").mkdir()
+    (tmp_path / "tier" / "cpu.weight").write_text("7")  # one digit: the writer overwrites in place, as on cgroupfs
+    weights = WeightWriter(CgroupWriter(str(tmp_path)), "v2")
+    assert weights.read("tier") == 7
+    assert weights.least == 1
+    weights.write("tier", weights.least)
+    assert (tmp_path / "tier" / "cpu.weight").read_text() == "1"
+    assert not (tmp_path / "tier" / "cpu.idle").exists()
