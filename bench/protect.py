@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -315,7 +317,12 @@ def run_daemon(node: Node, objective: dict[str, Any], workdir: Path) -> Iterator
             started = daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 600,
                                       "the daemon's first tick")  # fmt: skip
             acting.extra["daemon_start_s"] = round(started, 1)
+        assert daemon.proc is not None
+        own = psutil.Process(daemon.proc.pid)
+        cpu0, since = sum(own.cpu_times()[:2]), time.monotonic()
         yield acting
+        # The guard's own CPU over the warm-up and window: work beside the protected pod that no lever touches.
+        acting.extra["daemon_cores"] = round((sum(own.cpu_times()[:2]) - cpu0) / (time.monotonic() - since), 3)
         acting.extra["throttled_workloads"] = len(
             {e.get("workload") for e in daemon.events() if e.get("event") == "throttle"}
         )

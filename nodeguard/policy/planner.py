@@ -89,6 +89,9 @@ ACTIVE_CORES = 0.01
 # weights work; what is left drains, e.g. work queued while harmed), for at most this many ticks.
 WEIGHT_WORKING = 0.5
 WEIGHT_PATIENCE_TICKS = 20
+# With the weights down, quotas (which leave cores idle) wait for the stall to stay over target this many ticks in a
+# row: a residual stall around the target (the v2 VM's, with every tier idle) must not cost the node its batch work.
+QUOTA_STREAK_TICKS = 4
 _METRIC_ORDER = {metric: index for index, metric in enumerate(CAPABILITIES)}
 
 
@@ -353,7 +356,9 @@ class _Tick:
             return
         ranked = self.ranked(line.sort_by)
         if CAPABILITIES[metric].protected:
-            if self.guard.protect_lever == "weight" and (self._lower_weights(line, ranked) or self._weights_working()):
+            if self.guard.protect_lever == "weight" and (
+                self._lower_weights(line, ranked) or self._weights_working() or not self._stall_sustained()
+            ):
                 return
             self._throttle_for_stall(line, gap, ranked)
         elif line.quantified:
@@ -426,6 +431,15 @@ class _Tick:
         detail = f"{_fmt(value)}% after {_fmt(last.stall_pct)}% when weights came down: draining, quota waits"
         self.block(Metric.PROTECTED_CPU_STALL, Direction.THROTTLE, "cooldown", detail)
         return True
+
+    def _stall_sustained(self) -> bool:
+        """Whether the stall has stayed over target long enough, with the weights down, to pay for quotas."""
+        streak = self.streaks.get((Metric.PROTECTED_CPU_STALL, Direction.THROTTLE), 0)
+        if streak >= QUOTA_STREAK_TICKS:
+            return True
+        detail = f"over target {streak}/{QUOTA_STREAK_TICKS} ticks in a row with the weights down: quotas wait"
+        self.block(Metric.PROTECTED_CPU_STALL, Direction.THROTTLE, "confirming", detail)
+        return False
 
     def _restore_weights(self) -> None:
         """Put a lowered weight back once no protected workload has been harmed for weightHoldSeconds (each try

@@ -8,9 +8,10 @@ sleeper that wakes every 10 ms for a short unit of work. Runs on this host's
 cgroup v1 (the stall is the threads' run-queue delay) and, marked ``kernel``,
 in the QEMU VM on cgroup v2 (the pod's own ``cpu.pressure``).
 
-The guard's first lever is the Burstable tier's weight (``cpu.shares`` /
-``cpu.weight``: where CFS weighs the burners against the Guaranteed pod),
-then quotas; every file it changes is checked back exactly.
+The guard's first lever is the Burstable tier's weight (v1 ``cpu.shares``, v2
+``cpu.idle``: where CFS weighs the burners against the Guaranteed pod), then
+quotas; every file it changes is checked back exactly (an idle tier reads
+``cpu.weight`` 0, so the weight read back covers ``cpu.idle`` too).
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
     node: ProtectedNode, tmp_path: Path
 ) -> None:
     """The protected pod's stall, over target beside six burners, is brought under it by lowering the Burstable
-    tier's weight (quotas on burners only, if at all); once the burners stop and no harm is seen for
+    tier's weight (v2: cpu.idle; quotas on burners only, if at all); once the burners stop and no harm is seen for
     weightHoldSeconds, every weight and limit is back exactly and the ledger is empty."""
     node.start(burners=6)
     time.sleep(1.0)
@@ -185,6 +186,9 @@ def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
         written = {str(Path(e["path"]).parent) for e in events if e.get("event") == "wrote"}
         allowed = {str(node.hierarchy.writable / rel) for pod in node.burners for rel in (pod.pod, pod.container)}
         assert written and written <= allowed | {str(node.hierarchy.writable / tier) for tier in reweighed}, written
+        if node.hierarchy.version == "v2":  # the least weight on v2 is cpu.idle
+            assert any(e.get("event") == "wrote" and e["path"].endswith("/cpu.idle") and e["value"] == "1"
+                       for e in events), "the tier was made idle"  # fmt: skip
 
         node.stop_burners()
         daemon.wait_for(lambda: not node.changed(), 30 * SLOW, "every weight and limit restored")
