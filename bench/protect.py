@@ -31,7 +31,9 @@ with ``cgroupVersion`` "v2"; in the VM each daemon strategy's warm-up starts at
 the daemon's first tick (daemon_start_s), since the emulated daemon takes
 seconds to start.
 
-Per strategy: protected_p99_ratio (p99 lateness / p99 alone, same run),
+Per strategy: protected_p99_ratio (p99 lateness / p99 alone, same run; in the
+VM, or with ``--paired``, against an alone run just before that strategy, as the
+emulated VM's speed drifts up to 2x within minutes),
 node_busy_pct (/proc/stat over the window), batch_cores (v1: cpuacct.usage,
 v2: cpu.stat usage_usec of the batch tiers over the window), the protected
 pod's own throttled time (v1 cpu.stat throttled_time, v2 throttled_usec) and,
@@ -495,6 +497,7 @@ class Bench:
     seconds: float
     iterations: int = 0
     alone_p99: float = 0.0
+    paired: bool = False  # each strategy's ratio against an alone run just before it
     runs: int = 0
 
     def probe_file(self) -> Path:
@@ -532,6 +535,16 @@ class Bench:
                 "alone_throttled_ms": window.protected_throttled_ms}  # fmt: skip
 
     def strategy(self, scenario: str, name: str) -> dict[str, Any]:
+        if self.paired:
+            # The baseline measured just before: the emulated VM's speed drifts (its alone p99 moved 4.9 -> 12.6 ms
+            # between runs and up to 2x within one), which a single baseline would put in every ratio.
+            alone = self.alone()
+            before = {"alone_p99_ms": alone["alone_p99_ms"], "alone_throttled_ms": alone["alone_throttled_ms"]}
+            found = self._strategy(scenario, name, alone["alone_p99_ms"])
+            return found if "skipped" in found else {**found, **before}
+        return self._strategy(scenario, name, self.alone_p99)
+
+    def _strategy(self, scenario: str, name: str, alone_p99: float) -> dict[str, Any]:
         with kubelet_node(scenario, self.hierarchy, self.cpus) as node, \
                 tempfile.TemporaryDirectory(dir=self.workdir) as tmp:  # fmt: skip
             node.start_burners()
@@ -541,7 +554,7 @@ class Bench:
                     window = measure(node, self.probe_file(), self.iterations, self.warmup, self.seconds)
             except Skipped as why:
                 return {"skipped": str(why)}
-            return {**figures(window, self.alone_p99), **acting.extra}
+            return {**figures(window, alone_p99), **acting.extra}
 
     def levers(self, scenario: str, levers: list[Lever]) -> dict[str, Any]:
         results = {}
@@ -578,6 +591,8 @@ def main() -> int:
     parser.add_argument("--vm", action="store_true",
                         help="run the strategies in the QEMU VM on a pure cgroup v2 kernel (tests/kernel/vm.py; "
                         "2 vCPUs, Python 15-25x slower under emulation) instead of on this host's cgroup v1")
+    parser.add_argument("--paired", action="store_true",
+                        help="each strategy's ratio against an alone run just before it (always so in the VM)")
     parser.add_argument("--in-vm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.vm:
@@ -613,7 +628,7 @@ def run(args: argparse.Namespace, hierarchy: rc.Hierarchy) -> dict[str, Any]:
     scenarios = args.scenario or list(SCENARIOS)
     with tempfile.TemporaryDirectory(prefix="ngprotect-") as tmp:
         bench = Bench(hierarchy, os.cpu_count() or 1, Path(tmp), warmup, seconds,
-                      0 if args.fixed_work else CPU_UNITS)  # fmt: skip
+                      0 if args.fixed_work else CPU_UNITS, paired=args.paired or args.in_vm)  # fmt: skip
         result: dict[str, Any] = bench.alone()
         print(f"alone: {json.dumps(result)}  load={load()}", flush=True)
         result["cgroup"] = hierarchy.version
@@ -648,7 +663,7 @@ def run_vm(args: argparse.Namespace) -> int:
     argv += [f"--scenario={s}" for s in args.scenario or []] + [f"--strategy={s}" for s in args.strategy or []]
     argv += ["--fixed-work"] if args.fixed_work else []
     argv += ["--levers", *[f"--lever={lv}" for lv in args.lever or []]] if args.levers else []
-    runs = len(args.scenario or SCENARIOS) * len(args.strategy or STRATEGIES) + 2  # + alone at start and end
+    runs = 2 * len(args.scenario or SCENARIOS) * len(args.strategy or STRATEGIES) + 2  # each strategy paired  # + alone at start and end
     # Generous: each run's window and warm-up, plus the emulated daemon's start, check-config and exit.
     timeout = 900 + runs * ((args.warmup if args.warmup is not None else 10.0) + args.seconds + 300)
     host_load = load()
