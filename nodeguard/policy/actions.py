@@ -102,6 +102,7 @@ Cause = Literal[
     "eviction-pending",  # an evicted workload is still terminating
     "exhausted",  # candidates cannot release enough: part of the gap stays open
     "step-too-small",  # the change would be under minChangePercent
+    "futile",  # quotas did not cut the protected stall: given back, the quota lever off for a while
 ]
 
 

@@ -40,10 +40,14 @@ One tick, in order:
 5. Protect (protected_cpu_stall, policy.stall): while the most stalled
    protected workload is over its target, lower the CPU weight of every group
    that competes with it (guard.protectLever "weight"), then, while the stall
-   stays up and the weights did not cut it to half, lower quotas to leave
-   about its wait idle past what the waiting work absorbs, a step and a
-   cool-down at a time. Quotas come back like the others, a step and a
-   cool-down at a time; weights after guard.weightHoldSeconds without harm.
+   stays up (QUOTA_STREAK_TICKS in a row) and the weights did not cut it to
+   half, lower quotas to leave about its wait idle past what the waiting work
+   absorbs, a step and a cool-down at a time. Those quotas are on trial: if
+   after QUOTA_TRIAL_TICKS the stall is still above QUOTA_FUTILE of what
+   brought them, they buy nothing and all go back at once, the quota lever
+   off for guard.weightHoldSeconds. Quotas come back like the others, a step
+   and a cool-down at a time; weights after guard.weightHoldSeconds without
+   harm.
 
 A workload whose last write the kernel refused is held back (no candidate)
 for its back-off; the daemon plans the tick again without it, so the next
@@ -76,6 +80,7 @@ from nodeguard.policy.state import (
     Key,
     LoweredWeight,
     PendingEviction,
+    QuotaTrial,
 )
 from nodeguard.policy.waterlines import ActionKind, Waterline, resolve_waterlines
 
@@ -92,6 +97,10 @@ WEIGHT_PATIENCE_TICKS = 20
 # With the weights down, quotas (which leave cores idle) wait for the stall to stay over target this many ticks in a
 # row: a residual stall around the target (the v2 VM's, with every tier idle) must not cost the node its batch work.
 QUOTA_STREAK_TICKS = 4
+# Those quotas are judged after this many ticks: a mean stall above this share of what brought them means they buy
+# nothing (the stall is not the batch work's doing: emulation, work outside the candidates) and they go back.
+QUOTA_TRIAL_TICKS = 10
+QUOTA_FUTILE = 0.7
 _METRIC_ORDER = {metric: index for index, metric in enumerate(CAPABILITIES)}
 
 
@@ -160,6 +169,11 @@ class _Tick:
         stall = self.readings[Metric.PROTECTED_CPU_STALL]
         if self.stall_line is not None and stall is not None and stall > self.stall_line.threshold:
             self.last_harm = self.now
+        self.recent_stall = state.recent_stall
+        if self.stall_line is not None and stall is not None:
+            self.recent_stall = (*state.recent_stall, stall)[-QUOTA_STREAK_TICKS:]
+        self.quota_trial = state.quota_trial
+        self.quotas_futile_until = state.quotas_futile_until
         self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
         self.margin = guard.target_margin_percent / 100.0 * self.node.cpus
 
@@ -296,6 +310,7 @@ class _Tick:
     # --- run -----------------------------------------------------------------------
 
     def run(self) -> Plan:
+        self._judge_quota_trial()
         lines = sorted(self.lines.values(), key=lambda w: (not w.quantified, _METRIC_ORDER[w.metric]))
         for line in lines:
             if line.action == "throttle":
@@ -317,6 +332,9 @@ class _Tick:
             held_back=self.held_back,
             lowered=self.lowered,
             last_harm=self.last_harm,
+            recent_stall=self.recent_stall,
+            quota_trial=self.quota_trial,
+            quotas_futile_until=self.quotas_futile_until,
         )
         return Plan(
             monotonic=self.now,
@@ -356,11 +374,17 @@ class _Tick:
             return
         ranked = self.ranked(line.sort_by)
         if CAPABILITIES[metric].protected:
-            if self.guard.protect_lever == "weight" and (
-                self._lower_weights(line, ranked) or self._weights_working() or not self._stall_sustained()
+            weights = self.guard.protect_lever == "weight"
+            if weights and (
+                self._lower_weights(line, ranked)
+                or self._weights_working()
+                or not self._stall_sustained()
+                or self._quotas_futile()
             ):
                 return
-            self._throttle_for_stall(line, gap, ranked)
+            if self._throttle_for_stall(line, gap, ranked) and weights and self.quota_trial is None:
+                before = sum(self.recent_stall) / len(self.recent_stall)
+                self.quota_trial = QuotaTrial(self.now, before)
         elif line.quantified:
             self._throttle_precisely(line, gap, ranked)
         else:
@@ -441,6 +465,40 @@ class _Tick:
         self.block(Metric.PROTECTED_CPU_STALL, Direction.THROTTLE, "confirming", detail)
         return False
 
+    def _quotas_futile(self) -> bool:
+        """Whether the quota lever is off after quotas that did not cut the stall (the weights stay down)."""
+        until = self.quotas_futile_until
+        if until is None or self.now >= until:
+            return False
+        detail = f"quotas did not cut the stall: the quota lever waits {_fmt(until - self.now)}s more"
+        self.block(Metric.PROTECTED_CPU_STALL, Direction.THROTTLE, "futile", detail)
+        return True
+
+    def _judge_quota_trial(self) -> None:
+        """After QUOTA_TRIAL_TICKS, quotas set for the stall after the weights stay if they cut it; else every one
+        goes back and the quota lever is off for weightHoldSeconds."""
+        trial = self.quota_trial
+        if trial is None:
+            return
+        held = {wid for wid, h in self.throttles.items() if Metric.PROTECTED_CPU_STALL in h.reasons}
+        stall = self.readings[Metric.PROTECTED_CPU_STALL]
+        if not held:
+            self.quota_trial = None  # released (calm) or gone
+            return
+        if stall is None or self.now <= trial.since:
+            return
+        trial = replace(trial, total=trial.total + stall, ticks=trial.ticks + 1)
+        self.quota_trial = trial if trial.ticks < QUOTA_TRIAL_TICKS else None
+        mean = trial.total / trial.ticks
+        if trial.ticks < QUOTA_TRIAL_TICKS or mean <= QUOTA_FUTILE * trial.before:
+            return
+        self.quotas_futile_until = self.now + self.guard.weight_hold_seconds
+        detail = (
+            f"quotas left the stall at {_fmt(mean)}% over {trial.ticks} ticks, after {_fmt(trial.before)}%: given back"
+        )
+        self.block(Metric.PROTECTED_CPU_STALL, Direction.THROTTLE, "futile", detail)
+        self._raise(math.inf, [], only=held, why="the quotas did not cut the protected stall")
+
     def _restore_weights(self) -> None:
         """Put a lowered weight back once no protected workload has been harmed for weightHoldSeconds (each try
         costs a few ticks of harm where the batch work is still there), at once where no candidate is left
@@ -474,7 +532,7 @@ class _Tick:
             if not dry:
                 del self.lowered[group]
 
-    def _throttle_for_stall(self, line: Waterline, gap: float, ranked: Ranked) -> None:
+    def _throttle_for_stall(self, line: Waterline, gap: float, ranked: Ranked) -> bool:
         """Make room for the most stalled protected workload: leave about as much CPU idle as it waited for
         (at least minChange), past what the other waiting work will take of it; then measure again."""
         harmed = self.worst_stall
@@ -496,6 +554,7 @@ class _Tick:
         elif remaining >= CLOSED_CORES:
             detail = "no candidate can release more" + self._holding_note()
             self.block(line.metric, Direction.THROTTLE, "exhausted", detail)
+        return acted
 
     def _throttle_one(self, line: Waterline, gap: float, ranked: Ranked) -> None:
         fraction = self.guard.closed_loop_step_percent / 100.0
@@ -841,7 +900,12 @@ class _Tick:
         return True
 
     def _raise(
-        self, budget: float, closed_loop: list[Metric], only: set[str] | None = None, refill: bool = False
+        self,
+        budget: float,
+        closed_loop: list[Metric],
+        only: set[str] | None = None,
+        refill: bool = False,
+        why: str | None = None,
     ) -> bool:
         """Raise held quotas within ``budget`` cores, most important first; whether any was raised."""
         held = [
@@ -873,7 +937,7 @@ class _Tick:
                 return emitted
             spent += step
             emitted = True
-            self._emit_restore(usage, throttle, new, step=step, full=full, spent=spent, refill=refill)
+            self._emit_restore(usage, throttle, new, step=step, full=full, spent=spent, refill=refill, why=why)
             if closed_loop:
                 for metric in closed_loop:
                     self.cooldowns[(metric, Direction.RESTORE)] = self.guard.cooldown_ticks
@@ -890,6 +954,7 @@ class _Tick:
         full: bool,
         spent: float,
         refill: bool = False,
+        why: str | None = None,
     ) -> None:
         metric = _first(throttle.reasons)
         up = self.gaps.throttle_up.get(metric)
@@ -903,7 +968,9 @@ class _Tick:
                 metric=metric,
                 reason=("released: back to the original limit" if full else "raised one step")
                 + (
-                    " (room left under the waterline, and it is starved)"
+                    f" ({why})"
+                    if why
+                    else " (room left under the waterline, and it is starved)"
                     if refill
                     else " (node calm on every throttle metric)"
                 ),

@@ -46,6 +46,16 @@ class HeldThrottle:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaTrial:
+    """Quotas set for a protected workload's stall after the weights came down: they stay only if they cut it."""
+
+    since: float  # monotonic time of the first of them
+    before: float  # the stall (percent), the mean of the readings that brought them
+    total: float = 0.0  # stall readings (percent) since, summed
+    ticks: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class PendingEviction:
     """A workload asked to leave and not gone yet: its usage counts as released already."""
 
@@ -119,6 +129,11 @@ class GuardState:
     # Groups whose weight is lowered for protected_cpu_stall, and when a protected workload was last harmed.
     lowered: Mapping[str, LoweredWeight] = field(default_factory=dict)
     last_harm: float | None = None
+    # protected_cpu_stall after the weights: its last few readings, the quotas on trial, and how long the quota
+    # lever stays off after quotas that did not cut the stall.
+    recent_stall: tuple[float, ...] = ()
+    quota_trial: QuotaTrial | None = None
+    quotas_futile_until: float | None = None
 
     @classmethod
     def primed(cls) -> GuardState:

@@ -17,7 +17,7 @@ from nodeguard.model.workloads import Workload
 from nodeguard.policy.actions import Action, Evict, Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
-from nodeguard.policy.state import GuardState, HeldBack
+from nodeguard.policy.state import GuardState, HeldBack, QuotaTrial
 
 
 def _cpu_max(limit: CpuMax) -> dict[str, Any]:
@@ -94,7 +94,13 @@ def _state(state: GuardState) -> dict[str, Any]:
         "held_back": {wid: _held_back(h) for wid, h in state.held_back.items()},
         "lowered_weights": {group: {"since": w.since} for group, w in state.lowered.items()},
         "last_harm": state.last_harm,
+        "quota_trial": _quota_trial(state.quota_trial),
+        "quotas_futile_until": state.quotas_futile_until,
     }
+
+
+def _quota_trial(trial: QuotaTrial | None) -> dict[str, Any] | None:
+    return None if trial is None else {"since": trial.since, "before_pct": trial.before, "ticks": trial.ticks}
 
 
 def _protected(plan: Plan) -> list[dict[str, Any]]:
@@ -185,8 +191,13 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
         "held_back": [{"workload": h.workload_id, **_held_back(h)} for h in plan.held_back],
         "protected": _protected(plan),
         "reweighs": [
-            {"group": r.group, "lower": r.lower, "workloads": list(r.workloads), "reason": r.reason,
-             "dry_run": r.dry_run}
+            {
+                "group": r.group,
+                "lower": r.lower,
+                "workloads": list(r.workloads),
+                "reason": r.reason,
+                "dry_run": r.dry_run,
+            }
             for r in plan.reweighs
         ],
         "state": _state(plan.state),

@@ -13,7 +13,7 @@ from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.actions import Restore, Throttle
 from nodeguard.policy.metrics import Metric
-from nodeguard.policy.planner import QUOTA_STREAK_TICKS, Plan, plan
+from nodeguard.policy.planner import QUOTA_STREAK_TICKS, QUOTA_TRIAL_TICKS, Plan, plan
 from nodeguard.policy.stall import competing_group, stall_share
 from nodeguard.policy.state import Direction, GuardState, HeldBack, LoweredWeight
 from nodeguard.policy.trace import plan_to_data
@@ -283,3 +283,50 @@ def test_a_group_held_back_after_a_refused_weight_leaves_the_gap_to_the_quota_le
     assert p.reweighs == ()
     assert {a.workload_id for a in throttles(p)} & {"kp/burstable/pod0", "kp/burstable/pod1"}
     assert [h.workload_id for h in p.held_back] == ["kp/burstable"], "the hold shows in the plan"
+
+
+def quotas_after_weights(after: float) -> tuple[Plan, list[Plan]]:
+    """The quota lever's first throttle (weights long down, the stall at 6 % for a streak), then QUOTA_TRIAL_TICKS
+    ticks at ``after`` (a share of a tick) with those quotas held."""
+    lowered = {g: LoweredWeight(g, 0.0, 20.0) for g in ("kp/burstable", "kp/besteffort")}
+    state = GuardState(lowered=lowered, streaks={(STALL, Direction.THROTTLE): QUOTA_STREAK_TICKS},
+                       recent_stall=(6.0,) * (QUOTA_STREAK_TICKS - 1))  # fmt: skip
+    first = plan(snapshot(kubelet_node(0.06), cpus=2, cores_used=2.0, monotonic=100.0), state, WEIGHT)
+    later, state = [], first.state
+    for tick in range(1, QUOTA_TRIAL_TICKS + 1):
+        p = plan(snapshot(kubelet_node(after), cpus=2, cores_used=2.0, monotonic=100.0 + tick), state, WEIGHT)
+        later.append(p)
+        state = p.state
+    return first, later
+
+
+def test_quotas_that_do_not_cut_the_stall_go_back_and_stay_off() -> None:
+    """Quotas set after the weights are judged after QUOTA_TRIAL_TICKS: a stall they left where it was (6 %) gets
+    every one of them released, and the quota lever stays off (weights down) for weightHoldSeconds."""
+    first, later = quotas_after_weights(0.06)
+    assert throttles(first) and first.state.quota_trial is not None and first.state.quota_trial.before == 6.0
+    judged = later[-1]
+    released = {a.workload_id for a in judged.actions if isinstance(a, Restore) and a.full}
+    assert released and released == set(first.state.throttles) | {
+        a.workload_id for p in later[:-1] for a in throttles(p)
+    }, "every quota set for the stall goes back"
+    assert judged.state.throttles == {} and judged.state.quotas_futile_until == 100.0 + QUOTA_TRIAL_TICKS + 60
+    assert any(b.cause == "futile" for b in judged.blocked)
+    assert all("did not cut" in a.reason for a in judged.actions if isinstance(a, Restore))
+    state, causes = judged.state, set()
+    for tick in range(1, 6):  # still harmed: past any cool-down, the quota lever says why it waits
+        nxt = plan(snapshot(kubelet_node(0.06), cpus=2, cores_used=2.0, monotonic=110.0 + tick), state, WEIGHT)
+        assert throttles(nxt) == [], tick
+        causes |= {b.cause for b in nxt.blocked}
+        state = nxt.state
+    assert "futile" in causes, causes
+    assert state.lowered.keys() == {"kp/burstable", "kp/besteffort"}, "the weights stay down"
+
+
+def test_quotas_that_cut_the_stall_stay() -> None:
+    """Quotas that brought the stall from 6 % to 2 % pass their trial: held, nothing released, the lever stays on."""
+    first, later = quotas_after_weights(0.02)
+    judged = later[-1]
+    assert throttles(first)
+    assert not any(isinstance(a, Restore) for p in later for a in p.actions)
+    assert judged.state.throttles and judged.state.quota_trial is None and judged.state.quotas_futile_until is None
