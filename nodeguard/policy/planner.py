@@ -480,7 +480,8 @@ class _Tick:
         trial = self.quota_trial
         if trial is None:
             return
-        held = {wid for wid, h in self.throttles.items() if Metric.PROTECTED_CPU_STALL in h.reasons}
+        # Quotas held for the stall alone: one a node waterline also holds is that line's to give back.
+        held = {wid for wid, h in self.throttles.items() if h.reasons == {Metric.PROTECTED_CPU_STALL}}
         stall = self.readings[Metric.PROTECTED_CPU_STALL]
         if not held:
             self.quota_trial = None  # released (calm) or gone
