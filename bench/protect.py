@@ -71,7 +71,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from nodeguard.model.samples import CpuMax  # noqa: E402
-from nodeguard.sources.cgroupfs import shares_to_weight  # noqa: E402
 from tests import realcgroups as rc  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
 from tests.gate.helpers import free_port  # noqa: E402
@@ -161,14 +160,6 @@ def write(path: Path, value: object) -> None:
     path.write_text(str(value))
 
 
-def write_shares(hierarchy: rc.Hierarchy, rel: str, shares: int) -> None:
-    """kubelet's weight for a group: cpu.shares on v1, converted to cpu.weight on v2."""
-    if hierarchy.version == "v2":
-        write(hierarchy.writable / rel / "cpu.weight", shares_to_weight(shares))
-    else:
-        write(hierarchy.writable / rel / "cpu.shares", shares)
-
-
 @contextlib.contextmanager
 def kubelet_node(scenario: str, hierarchy: rc.Hierarchy, cpus: int) -> Iterator[Node]:
     """The pods of a scenario, with the weights kubelet writes at the node, tier, pod and container level
@@ -179,19 +170,19 @@ def kubelet_node(scenario: str, hierarchy: rc.Hierarchy, cpus: int) -> Iterator[
         for tier, milli in SCENARIOS[scenario]:
             pod = stack.enter_context(rc.kubelet_pod(hierarchy, parent, tier, None))
             for rel in (pod.pod, pod.container):
-                write_shares(hierarchy, rel, milli_to_shares(milli))
+                hierarchy.set_shares(rel, milli_to_shares(milli))
             burners.append(pod)
         protected = stack.enter_context(rc.kubelet_pod(hierarchy, parent, None, PROTECTED_LIMIT))
         for rel in (protected.pod, protected.container):
-            write_shares(hierarchy, rel, milli_to_shares(PROTECTED_MILLI))
+            hierarchy.set_shares(rel, milli_to_shares(PROTECTED_MILLI))
         # kubelet's kubepods sits at the root with shares = allocatable; the unique parent stands in for the root
         # and carries that weight there too (each process outside has 1024; v2: the root's processes weigh 100).
         for rel in (parent, f"{parent}/kubepods"):
-            write_shares(hierarchy, rel, milli_to_shares(cpus * 1000))
+            hierarchy.set_shares(rel, milli_to_shares(cpus * 1000))
         for tier in TIERS:
             requests = sum(m for t, m in SCENARIOS[scenario] if t == tier)
             if (hierarchy.writable / parent / "kubepods" / tier).is_dir():
-                write_shares(hierarchy, f"{parent}/kubepods/{tier}", milli_to_shares(requests))
+                hierarchy.set_shares(f"{parent}/kubepods/{tier}", milli_to_shares(requests))
         node = Node(hierarchy, parent, protected, burners)
         try:
             yield node
@@ -454,7 +445,7 @@ def applied(node: Node, lever: Lever) -> Iterator[None]:
             raise OSError(error.errno, f"{error.strerror} writing {value} to {path.name}") from error
 
     def set_shares(group: Path, shares: int) -> None:
-        set_file(group / "cpu.weight", shares_to_weight(shares)) if v2 else set_file(group / "cpu.shares", shares)
+        set_file(group / node.hierarchy.weight_file, node.hierarchy.kubelet_weight(shares))
 
     try:
         for pod in node.burners:
@@ -475,7 +466,7 @@ def applied(node: Node, lever: Lever) -> Iterator[None]:
             if lever.idle_tiers:
                 # Unsetting cpu.idle leaves cpu.shares at 1024 (seen on 6.18, v1), not what it was: record the
                 # weight first so it is written back after cpu.idle.
-                weight = node.cpu / tier / ("cpu.weight" if v2 else "cpu.shares")
+                weight = node.cpu / tier / node.hierarchy.weight_file
                 files.setdefault(weight, weight.read_text().strip())
                 set_file(node.cpu / tier / "cpu.idle", 1)
         yield

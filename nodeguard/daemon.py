@@ -22,7 +22,6 @@ from typing import Any, Protocol
 from nodeguard import __version__
 from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
 from nodeguard.actuators.cpu_quota import QuotaWriter
-from nodeguard.actuators.cpu_weight import IDLE, IDLE_FILE
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Executor, HoldTimes
 from nodeguard.actuators.ledger import Ledger
@@ -345,8 +344,7 @@ class Daemon:
                 for wid, e in self.ledger.entries.items()
             },
             "weights": {
-                group: {"original": w.original, "applied": w.applied,
-                        "file": IDLE_FILE if w.applied == IDLE else self.executor.weights.file.name,
+                group: {"original": w.original, "applied": w.applied, "file": self.executor.weights.file_of(w.applied),
                         "reason": w.reason, "since": w.changed_at}
                 for group, w in self.ledger.weights.items()
             },

@@ -15,7 +15,7 @@ import pytest
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.scratch_cgroups import remove_cgroup_dir
-from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max
+from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max, shares_to_weight
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BUSY_LOOP = "while True: pass"
@@ -174,6 +174,21 @@ class Hierarchy:
         if limit.period_us != parse_cfs_quota("-1", (group / "cpu.cfs_period_us").read_text()).period_us:
             (group / "cpu.cfs_period_us").write_text(str(limit.period_us))
         (group / "cpu.cfs_quota_us").write_text(str(-1 if limit.quota_us is None else limit.quota_us))
+
+    @property
+    def weight_file(self) -> str:
+        """The CPU weight kubelet writes: cpu.shares on v1, cpu.weight on v2."""
+        return "cpu.shares" if self.version == "v1" else "cpu.weight"
+
+    def kubelet_weight(self, shares: int) -> int:
+        """A weight in cpu.shares as kubelet writes it here (v2: converted to cpu.weight)."""
+        return shares if self.version == "v1" else shares_to_weight(shares)
+
+    def weight(self, rel: str) -> int:
+        return int((self.writable / rel / self.weight_file).read_text())
+
+    def set_shares(self, rel: str, shares: int) -> None:
+        (self.writable / rel / self.weight_file).write_text(str(self.kubelet_weight(shares)))
 
     @contextlib.contextmanager
     def groups(self, *rels: str) -> Iterator[None]:

@@ -50,6 +50,10 @@ class WeightWriter:
         """The value a lowered group gets: IDLE where the kernel has cpu.idle (known after the first read)."""
         return IDLE if self.has_idle else self.file.least
 
+    def file_of(self, value: int) -> str:
+        """The file that holds ``value``: cpu.idle for IDLE, else the weight's."""
+        return IDLE_FILE if value == IDLE and self.version == "v2" else self.file.name
+
     def read(self, group: str) -> int:
         """The group's weight, IDLE while its cpu.idle is set."""
         idle = self._idle(group)

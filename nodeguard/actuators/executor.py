@@ -496,11 +496,11 @@ class Executor:
         except (OSError, ActuationRefused) as exc:
             self._forget_weight(group, held)
             self._save("a weight refused")
-            raise refusal(group, self.weights.file.name, exc) from None
+            raise refusal(group, self.weights.file_of(least), exc) from None
         self.ledger.weights[group] = replace(self.ledger.weights[group], applied=least, pending=None)
         self._save("after lowering a weight")
         self.counters.count(action.kind, str(action.metric), False)
-        log.info("reweigh", group=group, weight=least, original=original, file=self.weights.file.name,
+        log.info("reweigh", group=group, weight=least, original=original, file=self.weights.file_of(least),
                  workloads=list(action.workloads), reason=action.reason)  # fmt: skip
         return True
 

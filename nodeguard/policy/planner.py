@@ -938,7 +938,10 @@ class _Tick:
                 return emitted
             spent += step
             emitted = True
-            self._emit_restore(usage, throttle, new, step=step, full=full, spent=spent, refill=refill, why=why)
+            because = why or (
+                "room left under the waterline, and it is starved" if refill else "node calm on every throttle metric"
+            )
+            self._emit_restore(usage, throttle, new, step=step, full=full, spent=spent, why=because)
             if closed_loop:
                 for metric in closed_loop:
                     self.cooldowns[(metric, Direction.RESTORE)] = self.guard.cooldown_ticks
@@ -954,8 +957,7 @@ class _Tick:
         step: float,
         full: bool,
         spent: float,
-        refill: bool = False,
-        why: str | None = None,
+        why: str,
     ) -> None:
         metric = _first(throttle.reasons)
         up = self.gaps.throttle_up.get(metric)
@@ -967,14 +969,7 @@ class _Tick:
             Restore(
                 workload=usage.workload,
                 metric=metric,
-                reason=("released: back to the original limit" if full else "raised one step")
-                + (
-                    f" ({why})"
-                    if why
-                    else " (room left under the waterline, and it is starved)"
-                    if refill
-                    else " (node calm on every throttle metric)"
-                ),
+                reason=("released: back to the original limit" if full else "raised one step") + f" ({why})",
                 gap_before=gap_before,
                 predicted_release=None if per_unit is None else -step * per_unit,
                 quota=new,

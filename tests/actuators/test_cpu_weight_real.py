@@ -21,17 +21,13 @@ def hierarchy(request: pytest.FixtureRequest) -> rc.Hierarchy:
     return rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
 
 
-def weight_file(hierarchy: rc.Hierarchy) -> str:
-    return "cpu.shares" if hierarchy.version == "v1" else "cpu.weight"
-
-
 def test_lowered_to_the_least_and_put_back_exactly(hierarchy: rc.Hierarchy, tmp_path: Path) -> None:
     """The lever writes the kernel's least (v1 cpu.shares 2; v2 cpu.idle, which the kernel has) and the restore
     puts the exact original weight back, with cpu.idle cleared first (clearing it resets the weight to 100)."""
     rel = f"{rc.unique_name()}/tier"
     with hierarchy.groups(rel):
         group = hierarchy.writable / rel
-        (group / weight_file(hierarchy)).write_text(str(ORIGINAL[hierarchy.version]))
+        (group / hierarchy.weight_file).write_text(str(ORIGINAL[hierarchy.version]))
         weights = WeightWriter(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
         assert weights.read(rel) == ORIGINAL[hierarchy.version]
         least = weights.least
@@ -50,7 +46,7 @@ def test_lowered_to_the_least_and_put_back_exactly(hierarchy: rc.Hierarchy, tmp_
         ledger.save()
         assert Ledger.load(str(tmp_path / "ledger.json")).weights[rel] == record, "the least survives the ledger"
         assert restore_weight(weights, record) is Outcome.RESTORED
-        assert (group / weight_file(hierarchy)).read_text().strip() == str(ORIGINAL[hierarchy.version])
+        assert (group / hierarchy.weight_file).read_text().strip() == str(ORIGINAL[hierarchy.version])
         if hierarchy.version == "v2":
             assert (group / "cpu.idle").read_text().strip() == "0"
         assert restore_weight(weights, record) is Outcome.ALREADY

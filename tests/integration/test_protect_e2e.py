@@ -30,7 +30,6 @@ import pytest
 
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
-from nodeguard.sources.cgroupfs import shares_to_weight
 from nodeguard.sources.readers import count_cpus
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
@@ -62,12 +61,12 @@ class ProtectedNode:
 
     def record_originals(self) -> None:
         self.originals = {rel: self.hierarchy.limit(rel) for rel in self.every_dir()}
-        self.weights = {rel: weight_of(self.hierarchy, rel) for rel in [*self.every_dir(), *self.tiers()]}
+        self.weights = {rel: self.hierarchy.weight(rel) for rel in [*self.every_dir(), *self.tiers()]}
 
     def changed(self) -> set[str]:
         """Every limit and weight not at its original."""
         limits = {rel for rel, limit in self.originals.items() if self.hierarchy.limit(rel) != limit}
-        return limits | {rel for rel, w in self.weights.items() if weight_of(self.hierarchy, rel) != w}
+        return limits | {rel for rel, w in self.weights.items() if self.hierarchy.weight(rel) != w}
 
     def start(self, burners: int) -> None:
         self.procs.append(start_duty_cycle(SLEEPER_SHARE, *self.hierarchy.dirs(self.protected.inner)))
@@ -93,18 +92,6 @@ class ProtectedNode:
         }  # fmt: skip
 
 
-def weight_of(hierarchy: rc.Hierarchy, rel: str) -> int:
-    name = "cpu.shares" if hierarchy.version == "v1" else "cpu.weight"
-    return int((hierarchy.writable / rel / name).read_text())
-
-
-def set_shares(hierarchy: rc.Hierarchy, rel: str, shares: int) -> None:
-    if hierarchy.version == "v1":
-        (hierarchy.writable / rel / "cpu.shares").write_text(str(shares))
-    else:  # kubelet's conversion of shares to cpu.weight
-        (hierarchy.writable / rel / "cpu.weight").write_text(str(shares_to_weight(shares)))
-
-
 @contextlib.contextmanager
 def protected_node(hierarchy: rc.Hierarchy) -> Iterator[ProtectedNode]:
     parent = rc.unique_name()
@@ -112,8 +99,8 @@ def protected_node(hierarchy: rc.Hierarchy) -> Iterator[ProtectedNode]:
         burners = [stack.enter_context(rc.kubelet_pod(hierarchy, parent, "burstable", POD_LIMIT)) for _ in range(6)]
         protected = stack.enter_context(rc.kubelet_pod(hierarchy, parent, None, GUARANTEED_LIMIT))
         for pod in [*burners, protected]:
-            set_shares(hierarchy, pod.pod, SHARES)
-        set_shares(hierarchy, f"{parent}/kubepods/burstable", SHARES * len(burners))
+            hierarchy.set_shares(pod.pod, SHARES)
+        hierarchy.set_shares(f"{parent}/kubepods/burstable", SHARES * len(burners))
         node = ProtectedNode(hierarchy, parent, burners, protected)
         node.record_originals()
         try:
@@ -240,12 +227,12 @@ def test_sigterm_puts_a_lowered_weight_back(tmp_path: Path) -> None:
         daemon.start()
         tier = f"{node.parent}/kubepods/burstable"
         try:
-            daemon.wait_for(lambda: weight_of(node.hierarchy, tier) == 2, 20, "the tier's weight lowered")
-            set_shares(node.hierarchy, tier, SHARES * 5)  # kubelet: a pod left, the tier's sum of requests fell
-            daemon.wait_for(lambda: weight_of(node.hierarchy, tier) == 2, 10, "the weight re-asserted")
+            daemon.wait_for(lambda: node.hierarchy.weight(tier) == 2, 20, "the tier's weight lowered")
+            node.hierarchy.set_shares(tier, SHARES * 5)  # kubelet: a pod left, the tier's sum of requests fell
+            daemon.wait_for(lambda: node.hierarchy.weight(tier) == 2, 10, "the weight re-asserted")
             daemon.signal(signal.SIGTERM)
             assert daemon.wait(timeout=10) == 0
-            assert weight_of(node.hierarchy, tier) == SHARES * 5, "kubelet's value is the original now"
+            assert node.hierarchy.weight(tier) == SHARES * 5, "kubelet's value is the original now"
             assert any(e.get("event") == "weight drift re-asserted" for e in daemon.events())
         finally:
             daemon.kill()
