@@ -4,11 +4,23 @@ Builds N real (idle) cgroups in this machine's cgroup2 mount, then times
 - nodeguard: Sensor.sense() (reading, parsing, rates, the Snapshot), discovery
   excluded (it runs every discoverySeconds, timed on its own below);
 - floor: a bare loop of os.pread on kept-open descriptors of the same files.
+
+Then what the protected_cpu_stall signal adds to a tick. On v2 its stall is
+the ``cpu.pressure`` the sense pass reads already; on v1 it is the threads'
+run-queue waits, which the sensor follows for every active workload anyway
+(elastic demand). What it adds on both is each active workload's containers'
+own throttled time (their ``cpu.stat``, taken off the stall): from
+bench/taskwait.py's kubelet-shaped pod on v1 (where this machine has the cpu
+hierarchy), ``active_pod_follow_us`` (following one pod's threads and
+containers a tick), ``stall_added_us_per_active_pod`` (its containers'
+throttled time), and that against this run's per-cgroup sense cost
+(``stall_added_in_cgroups``: how many idle cgroups' sensing it costs).
 Prints one JSON object last.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import statistics
@@ -90,6 +102,22 @@ def measure(mount: Path, count: int, reuse_unchanged: bool = True) -> dict[str, 
     }
 
 
+def stall_costs(per_cgroup_us: float) -> dict[str, float]:
+    """bench/taskwait.py's costs of following one active pod, beside this run's per-cgroup sense cost."""
+    spec = importlib.util.spec_from_file_location("taskwait_bench", Path(__file__).with_name("taskwait.py"))
+    assert spec is not None and spec.loader is not None
+    taskwait = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(taskwait)
+    found: dict[str, float] = taskwait.pod_costs()
+    if not found:
+        return {}
+    return {
+        "active_pod_follow_us": found["pod_sample_us"],
+        "stall_added_us_per_active_pod": found["pod_descendants_throttled_us"],
+        "stall_added_in_cgroups": round(found["pod_descendants_throttled_us"] / per_cgroup_us, 1),
+    }
+
+
 def main() -> int:
     reason = rc.why_no_v2()
     if reason:
@@ -110,9 +138,14 @@ def main() -> int:
             f"({result['files_per_cgroup']:.0f} files/cgroup; discovery {result['discovery_us_per_cgroup']} us/cgroup)"
         )
     last = results[-1]
+    stall = stall_costs(last["nodeguard_us_per_cgroup"])
+    if stall:
+        print(f"protected_cpu_stall adds {stall['stall_added_us_per_active_pod']} us a tick per active pod "
+              f"(= {stall['stall_added_in_cgroups']} idle cgroups' sensing; following the pod: "
+              f"{stall['active_pod_follow_us']} us)")
     print(json.dumps({**last, "ratio_parsing_every_file": parsed["ratio"],
                       "nodeguard_us_per_cgroup_parsing_every_file": parsed["nodeguard_us_per_cgroup"],
-                      "at_100": results[0]}))
+                      "at_100": results[0], **stall}))
     return 0
 
 
