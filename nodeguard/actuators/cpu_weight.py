@@ -65,9 +65,17 @@ class WeightWriter:
         if value == IDLE:
             self.writer.write(group, IDLE_FILE, "1", **context)
             return
-        if self._idle(group):
-            self.writer.write(group, IDLE_FILE, "0", **context)  # the kernel resets the weight to 100 here
-        self.writer.write(group, self.file.name, str(value), **context)
+        if not self._idle(group):
+            self.writer.write(group, self.file.name, str(value), **context)
+            return
+        self.writer.write(group, IDLE_FILE, "0", **context)  # the kernel resets the weight to 100 here
+        try:
+            self.writer.write(group, self.file.name, str(value), **context)
+        except OSError:
+            # Idle again, so the group still reads as nodeguard's and its ledger record is kept for a retry (not
+            # left at 100, which a restore would take for someone else's value and forget).
+            self.writer.write(group, IDLE_FILE, "1", **context)
+            raise
 
     def _idle(self, group: str) -> bool:
         """Whether the group's cpu.idle is set (never, where the kernel has no cpu.idle)."""

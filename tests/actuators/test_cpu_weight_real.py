@@ -81,3 +81,18 @@ def test_a_kernel_without_cpu_idle_falls_back_to_the_least_weight(tmp_path: Path
     weights.write("tier", weights.least)
     assert (tmp_path / "tier" / "cpu.weight").read_text() == "1"
     assert not (tmp_path / "tier" / "cpu.idle").exists()
+
+
+def test_a_weight_refused_after_clearing_idle_leaves_the_group_idle_and_recorded(tmp_path: Path) -> None:
+    """Putting a weight back is two writes (clear cpu.idle, write cpu.weight): when the second is refused the group
+    is made idle again, so it still reads as nodeguard's and the restore keeps its record to try again. (A
+    directory where cpu.weight should be stands in for the refusal: no kernel here refuses that write.)"""
+    (tmp_path / "tier").mkdir()
+    (tmp_path / "tier" / "cpu.idle").write_text("1")
+    (tmp_path / "tier" / "cpu.weight").mkdir()
+    weights = WeightWriter(CgroupWriter(str(tmp_path)), "v2")
+    record = WeightRecord(group="tier", cgroup_version="v2", original=12, applied=IDLE)
+    assert weights.read("tier") == IDLE
+    assert restore_weight(weights, record) is Outcome.FAILED
+    assert (tmp_path / "tier" / "cpu.idle").read_text() == "1"
+    assert weights.read("tier") == IDLE and record.is_ours(weights.read("tier"))
