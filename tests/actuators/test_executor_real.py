@@ -165,3 +165,28 @@ def test_a_refused_weight_is_held_back_and_leaves_no_ledger_record(tmp_path: Pat
     assert (hold.error, hold.file) == ("EISDIR", "cpu.shares") and hold.until > p.monotonic
     assert ledger.weights == {}
     assert executor.counters.failed == 1
+
+
+def test_a_lowered_group_that_vanishes_leaves_the_ledger_and_the_state(tmp_path: Path) -> None:
+    """A tier whose weight is lowered and whose cgroup then goes (its last pod removed, before discovery notices)
+    is dropped from the ledger and from the lowered weights on the next tick's drift check: nothing to restore."""
+    hierarchy = rc.v1_cpu_hierarchy()
+    name = rc.unique_name()
+    tier = f"{name}/kp/burstable"
+    ledger = Ledger(str(tmp_path / "run/ledger.json"))
+    executor = Executor(QuotaWriter(CgroupWriter(str(hierarchy.writable)), "v1"), NoEvictions(), ledger,
+                        lambda coro, name: None)  # fmt: skip
+    stalled = usage(f"{name}/kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=0.3, starved=0.0)
+    burner = usage(f"{tier}/pod0", qos=QosClass.BURSTABLE, cores=1.0, waiting=0.9)
+    objective = {"metric": "protected_cpu_stall", "threshold": "5%", "restoreBelow": "1%", "action": "throttle",
+                 "triggerAfter": 1}  # fmt: skip
+    with hierarchy.groups(tier):
+        hierarchy.set_shares(tier, 307)
+        p = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), guard(objective))
+        state = executor.reweigh(p, p.state)
+        assert hierarchy.weight(tier) == 2 and tier in state.lowered and tier in ledger.weights
+    nothing = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0, monotonic=101.0), state, guard(objective))
+    assert nothing.reweighs == ()
+    after = executor.reweigh(nothing, state)
+    assert after.lowered == {} and ledger.weights == {}
+    assert Ledger.load(str(tmp_path / "run/ledger.json")).weights == {}, "saved without it"
