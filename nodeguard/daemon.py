@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nodeguard import __version__
+from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
-from nodeguard.actuators.cpu_quota import QuotaWriter
+from nodeguard.actuators.changes import Done
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Executor, HoldTimes
 from nodeguard.actuators.ledger import Ledger
@@ -89,6 +90,25 @@ def hold_times(settings: Settings) -> HoldTimes:
     return HoldTimes(seconds, 20 * seconds)
 
 
+def held_counts(ledger: Ledger) -> dict[str, int]:
+    """How many groups each registered lever holds."""
+    return {name: len(ledger.of(name)) for name in levers.NAMES}
+
+
+def held_view(ledger: Ledger, lever: str) -> dict[str, dict[str, Any]]:
+    """One lever's records as /status shows them."""
+    return {
+        group: {
+            "original": r.original,
+            "applied": r.applied,
+            "reason": r.reason,
+            "since": r.changed_at,
+            "children": {p: {"original": c.original, "applied": c.applied} for p, c in r.children.items()},
+        }
+        for group, r in ledger.of(lever).items()
+    }
+
+
 class Closable(Protocol):
     def close(self) -> None: ...
 
@@ -113,6 +133,7 @@ class DaemonView:
     reloads: Mapping[str, int]
     gate: dict[str, Any]
     coordination: dict[str, Any]
+    held: Mapping[str, int]  # groups held back, by lever (every registered lever)
 
 
 @dataclass
@@ -145,7 +166,7 @@ class Daemon:
         self.sensor = Sensor(self.settings)
         actuation = self.settings.actuation
         self.writer = CgroupWriter(self.sensor.layout.writable, dry_run=actuation.dry_run)
-        self.quota = QuotaWriter(self.writer, self.sensor.layout.version)
+        self.levers = levers.build(self.writer, self.sensor.layout.version)
         self.evictor: Evictor = CgroupEvictor(
             self.writer, self.sensor.layout.version, actuation.eviction_grace_seconds, actuation.freeze_before_eviction
         )
@@ -160,12 +181,13 @@ class Daemon:
         if not actuation.dry_run:
             self._lock.enter_context(hold_node(self.writer.root, self.settings.sensing.proc_root))
         self.ledger = Ledger.load(actuation.ledger_path)
-        self.executor = Executor(self.quota, self.evictor, self.ledger, self._spawn, hold_times(self.settings))
+        self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn, hold_times(self.settings))
         self.coordination = CoordinationService(self.settings.coordination, node or node_name())
         self.gate = GateService(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
         )
         self.state = GuardState()
+        self.changes: list[Done] = []  # the lever changes the last tick made
         self.last_plan: Plan | None = None
         self.last_snapshot: Snapshot | None = None
         self.stats = TickStats()
@@ -182,28 +204,28 @@ class Daemon:
     # --- lifecycle ----------------------------------------------------------------
 
     def start(self) -> None:
-        """Reconcile the ledger with the kernel before the first tick."""
+        """Reconcile the ledger (every lever's records) with the kernel before the first tick."""
         if self.ledger.set_aside:
             log.error("ledger was corrupt; restoring only what can be proven", kept_as=self.ledger.set_aside)
         if self.ledger.rejected:
-            log.error("ledger entries failed their checks; the rest is restored", kept_as=self.ledger.rejected)
-        if not self.ledger.entries:
+            log.error("ledger records failed their checks; the rest is restored", kept_as=self.ledger.rejected)
+        if not self.ledger:
             return
         if self.settings.actuation.on_start == "adopt":
             self.state = self.executor.adopt(time.monotonic())
-            log.info("re-adopted throttles from the ledger", count=len(self.state.throttles))
+            log.info("re-adopted the ledger's records", **held_counts(self.ledger))
         else:
             outcomes = self.executor.restore_everything()
-            log.info("restored throttles from the ledger", **{k.value: len(v) for k, v in outcomes.items()})
+            log.info("restored the ledger's records", **{k.value: len(v) for k, v in outcomes.items()})
 
     def stop(self) -> None:
         self.notifier.notify("STOPPING=1", "STATUS=restoring and stopping")
         if self.settings.actuation.on_exit == "restore":
             outcomes = self.executor.restore_everything()
-            log.info("restored throttles on exit", **{k.value: len(v) for k, v in outcomes.items()})
+            log.info("restored every lever on exit", **{k.value: len(v) for k, v in outcomes.items()})
         else:
             self.ledger.save()
-            log.info("keeping throttles on exit", count=len(self.ledger.entries))
+            log.info("keeping every lever's values on exit", **held_counts(self.ledger))
         self.close()
 
     def close(self) -> None:
@@ -221,7 +243,7 @@ class Daemon:
         writes = self.writer.counters.writes
         plan = self._plan_and_act(snapshot)
         if self.kube is not None and self._group is not None:
-            self.kube.emit(plan.actions, self._spawn, held=self.state.throttles)
+            self.kube.emit(self.changes, snapshot, self._spawn)
         if self.writer.counters.writes != writes:
             # Start the next rate window after the writes: a window that began
             # before them would show part of the old usage and over-throttle.
@@ -262,7 +284,8 @@ class Daemon:
             if not carried.refused or attempt == MAX_PASSES:
                 break
             state = state.with_held_back(carried.refused)
-        self.state = self.executor.reweigh(plan, carried.state.without_held_back(written))
+        self.state, reweighed = self.executor.reweigh(plan, carried.state.without_held_back(written))
+        self.changes = [*carried.done, *reweighed]
         return plan
 
     def _notify_tick(self, plan: Plan) -> None:
@@ -297,6 +320,7 @@ class Daemon:
             reloads=dict(self.reloads),
             gate=self.gate.status(),
             coordination=self.coordination.status(),
+            held=held_counts(self.ledger),
         )
 
     def ready(self) -> bool:
@@ -325,7 +349,9 @@ class Daemon:
             "ticks": self.stats.ticks,
             "tickErrors": self.stats.errors,
             "lastTickSeconds": self.stats.durations[-1] if self.stats.durations else None,
-            "node_usage": None if snapshot is None else {
+            "node_usage": None
+            if snapshot is None
+            else {
                 "cpus": snapshot.node.cpus,
                 "cores_used": snapshot.node.cores_used,
                 "memory_used": snapshot.node.memory_used,
@@ -333,24 +359,17 @@ class Daemon:
                 "load1": None if snapshot.node.load is None else snapshot.node.load.load1,
             },
             "plan": None if self.last_plan is None else plan_to_data(self.last_plan, candidate_limit=10),
-            "throttles": {
-                wid: {
-                    "original": e.original,
-                    "applied": e.applied,
-                    "reason": e.reason,
-                    "since": e.changed_at,
-                    "children": {p: {"original": c.original, "applied": c.applied} for p, c in e.children.items()},
-                }
-                for wid, e in self.ledger.entries.items()
-            },
-            "weights": {
-                group: {"original": w.original, "applied": w.applied, "file": self.executor.weights.file_of(w.applied),
-                        "reason": w.reason, "since": w.changed_at}
-                for group, w in self.ledger.weights.items()
-            },
+            "held": {name: held_view(self.ledger, name) for name in self.levers},
+            "throttles": held_view(self.ledger, "cpu.max"),
+            "weights": held_view(self.ledger, "cpu.weight"),
             "heldBack": {
-                wid: {"error": h.error, "file": h.file, "detail": h.detail, "failures": h.failures,
-                      "retryInSeconds": max(0.0, h.until - time.monotonic())}
+                wid: {
+                    "error": h.error,
+                    "file": h.file,
+                    "detail": h.detail,
+                    "failures": h.failures,
+                    "retryInSeconds": max(0.0, h.until - time.monotonic()),
+                }
                 for wid, h in self.state.held_back.items()
                 if h.until > time.monotonic()
             },

@@ -56,8 +56,9 @@ async def supervise(
             log.error(f"{name} not running; retrying", error=problem, retry_in=pause, failures=failures + 1)
         except Exception as exc:  # any bug: logged with its traceback, and the part comes back
             problem = describe(exc)
-            log.error(f"{name} failed; restarting it", error=problem, retry_in=pause, failures=failures + 1,
-                      exc_info=True)
+            log.error(
+                f"{name} failed; restarting it", error=problem, retry_in=pause, failures=failures + 1, exc_info=True
+            )
         else:
             problem = "stopped on its own"
             log.error(f"{name} stopped on its own; restarting it", retry_in=pause)

@@ -1,7 +1,7 @@
 """The single writer of cgroup files.
 
 Every write nodeguard makes to a cgroup goes through ``CgroupWriter.write``:
-it accepts only a short list of file names, refuses any path that resolves
+it accepts only the files of the registered levers and of eviction, refuses any path that resolves
 outside the hierarchy root (symlinks, ``..``, odd workload names), and in dry
 run logs the exact write instead of making it.
 """
@@ -18,18 +18,7 @@ from nodeguard.log import get_logger
 
 log = get_logger("nodeguard.writer")
 
-WRITABLE_FILES = frozenset(
-    {
-        "cpu.max",
-        "cpu.cfs_quota_us",
-        "cpu.cfs_period_us",
-        "cpu.shares",
-        "cpu.weight",
-        "cpu.idle",
-        "cgroup.freeze",
-        "cgroup.kill",
-    }
-)
+EVICTION_FILES = frozenset({"cgroup.freeze", "cgroup.kill"})
 _GONE = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
 # Refusals that mean nodeguard cannot write at all (not root, a read-only mount), not one workload's trouble.
 _NOT_PERMITTED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
@@ -45,8 +34,16 @@ class WriteCounters:
     errors: Counter[str] = field(default_factory=Counter)  # by errno name
 
 
+def writable_files() -> frozenset[str]:
+    """The allow-list: what the registered levers write, and eviction's files."""
+    from nodeguard.actuators.levers import lever_files  # the levers build on this module: imported when used
+
+    return lever_files() | EVICTION_FILES
+
+
 class CgroupWriter:
     def __init__(self, root: str, dry_run: bool = False) -> None:
+        self.files = writable_files()
         self.root = os.path.realpath(root)
         self.dry_run = dry_run
         self.counters = WriteCounters()
@@ -54,7 +51,7 @@ class CgroupWriter:
 
     def path_of(self, workload_id: str, filename: str) -> str:
         """The checked absolute path of a cgroup file, or ActuationRefused."""
-        if filename not in WRITABLE_FILES:
+        if filename not in self.files:
             self.counters.refused += 1
             raise ActuationRefused(f"nodeguard never writes {filename!r}")
         return os.path.join(self.dir_of(workload_id), filename)

@@ -1,27 +1,27 @@
-"""Carrying out a plan: quota writes and evictions, with the ledger kept first.
-
-Order matters for crash safety: every limit about to be written is saved in
-the ledger (and fsynced) *before* the kernel file, so a daemon killed at any
-moment leaves no throttle that the ledger does not know.
+"""Carrying out a plan: its actions as lever changes (ledger first, see ``changes``), and evictions.
 
 A write the kernel refuses releases nothing: the workload is held back with
 the refusal's cause and the daemon plans the same tick again without it
 (``Carried.refused``), so the next candidates close the gap. Evictions start
-only once a pass has no refusals left.
+only once a pass has no refusals left. What happened is folded back into the
+guard state per lever (``ADOPTED``, ``fold_moves``), so no registered lever
+can be left out of start, drift or the state.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nodeguard.actuators.cpu_quota import LimitRefused, LimitWrite, QuotaWriter, rate_above, refusal
-from nodeguard.actuators.cpu_weight import WeightWriter
+from nodeguard.actuators import drift
+from nodeguard.actuators.changes import Change, Changer, Done, Results
 from nodeguard.actuators.evictors import Evictor
-from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, LimitRecord, Ownership, WeightRecord
-from nodeguard.actuators.restore import Outcome, restore_all, restore_weight
+from nodeguard.actuators.ledger import Key, Ledger, LedgerUnsaved, LeverRecord
+from nodeguard.actuators.levers.base import Lever, WriteRefused
+from nodeguard.actuators.levers.cpu_quota import QuotaLever
+from nodeguard.actuators.levers.cpu_weight import WeightLever
+from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.samples import CpuMax
@@ -30,11 +30,13 @@ from nodeguard.policy.actions import Evict, Restore, Reweigh, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState, HeldBack, HeldThrottle, LoweredWeight, held_back_after
+from nodeguard.sources.cgroupfs import parse_cpu_max
 
 log = get_logger("nodeguard.executor")
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 QuotaAction = Throttle | Restore
+QUOTA, WEIGHT = QuotaLever.name, WeightLever.name
 
 
 @dataclass
@@ -42,8 +44,8 @@ class ActionCounters:
     # (kind, metric, dry_run) -> count
     actions: dict[tuple[str, str, bool], int] = field(default_factory=dict)
     failed: int = 0
-    withheld: int = 0  # throttles not written because the ledger could not be saved first
-    moved_originals: int = 0  # limits changed behind nodeguard and taken as the new original
+    withheld: int = 0  # changes not written because the ledger could not be saved first
+    moved_originals: int = 0  # values changed behind nodeguard and taken as the new original
 
     def count(self, kind: str, metric: str, dry_run: bool) -> None:
         key = (kind, metric, dry_run)
@@ -65,53 +67,83 @@ class Carried:
     state: GuardState  # the state as the kernel now is (meaningful when ``refused`` is empty or the pass was final)
     refused: dict[str, HeldBack]  # throttles refused in this pass: plan again without them
     written: dict[str, CpuMax]  # workload limits written in this pass
+    done: list[Done] = field(default_factory=list)  # every lever change made, for Events
 
 
-@dataclass
-class _Pass:
-    """Scratch for one carry_out call."""
-
-    before: GuardState  # what the plan started from
-    state: GuardState  # what the kernel is becoming
-    done: Mapping[str, CpuMax]  # written by an earlier pass of this tick
-    now: float  # monotonic
-    refused: dict[str, HeldBack] = field(default_factory=dict)
-    written: dict[str, CpuMax] = field(default_factory=dict)
-
-    def hold(self, workload_id: str, held: HeldThrottle | None) -> None:
-        self.state = _with_throttle(self.state, workload_id, held)
+# --- the guard state, per lever -------------------------------------------------------
 
 
-def _with_throttle(state: GuardState, workload_id: str, held: HeldThrottle | None) -> GuardState:
-    throttles = dict(state.throttles)
-    if held is None:
-        throttles.pop(workload_id, None)
-    else:
-        throttles[workload_id] = held
-    return replace(state, throttles=throttles)
+def _adopt_quota(state: GuardState, record: LeverRecord, now: float) -> GuardState:
+    reasons = frozenset({Metric(record.reason)}) if record.reason in Metric._value2member_map_ else frozenset()
+    held = HeldThrottle(record.group, parse_cpu_max(record.original), parse_cpu_max(record.applied), reasons, now)
+    return replace(state, throttles={**state.throttles, record.group: held})
+
+
+def _adopt_weight(state: GuardState, record: LeverRecord, now: float) -> GuardState:
+    return replace(state, lowered={**state.lowered, record.group: LoweredWeight(record.group, now)})
+
+
+def _without(state: GuardState, key: Key) -> GuardState:
+    lever, group = key
+    if lever == QUOTA:
+        return replace(state, throttles={k: v for k, v in state.throttles.items() if k != group})
+    return replace(state, lowered={k: v for k, v in state.lowered.items() if k != group})
+
+
+def _moved(state: GuardState, key: Key, original: str) -> GuardState:
+    lever, group = key
+    held = state.throttles.get(group)
+    if lever != QUOTA or held is None:
+        return state  # a lowered weight keeps no original in the state
+    return replace(state, throttles={**state.throttles, group: replace(held, original=parse_cpu_max(original))})
+
+
+# Each registered lever's records as the guard state holds them (tests/actuators/test_levers.py checks it is total).
+ADOPTED: dict[str, Callable[[GuardState, LeverRecord, float], GuardState]] = {
+    QUOTA: _adopt_quota,
+    WEIGHT: _adopt_weight,
+}
+
+
+def fold_moves(state: GuardState, moves: drift.Moves) -> GuardState:
+    for key, original in moves.originals.items():
+        state = _moved(state, key, original)
+    for key in moves.released:
+        state = _without(state, key)
+    return state
 
 
 class Executor:
     def __init__(
         self,
-        quota: QuotaWriter,
+        levers: Mapping[str, Lever],
         evictor: Evictor,
         ledger: Ledger,
         spawn: Spawn,
         holds: HoldTimes | None = None,
-        *,
-        weights: WeightWriter | None = None,
     ) -> None:
-        self.quota = quota
-        self.weights = weights or WeightWriter(quota.writer, quota.version)
+        self.levers = levers
         self.evictor = evictor
         self.ledger = ledger
+        self.changer = Changer(ledger, levers)
         self.spawn = spawn
         self.holds = holds or HoldTimes()
         self.counters = ActionCounters()
         self.evicting: set[str] = set()
         self._failed_evictions: set[str] = set()
         self._errors = RateLimiter(60.0)
+
+    @property
+    def quota(self) -> QuotaLever:
+        lever = self.levers[QUOTA]
+        assert isinstance(lever, QuotaLever)
+        return lever
+
+    @property
+    def weights(self) -> WeightLever:
+        lever = self.levers[WEIGHT]
+        assert isinstance(lever, WeightLever)
+        return lever
 
     # --- the tick ---------------------------------------------------------------
 
@@ -124,199 +156,94 @@ class Executor:
         done: Mapping[str, CpuMax] | None = None,
         final: bool = True,
     ) -> Carried:
-        """Make the plan's changes.
+        """Make the plan's quota changes (and, when ``final``, its evictions and the drift checks).
 
         ``before`` is the state the plan started from; ``done`` the limits an
         earlier pass of this tick wrote already. Unless ``final``, a pass
         with refused throttles stops before evictions: the caller plans again.
         """
-        tick = _Pass(before, plan.state, done or {}, plan.monotonic)
+        done = done or {}
         for workload_id in plan.departed:
-            self.ledger.forget(workload_id)
+            self.ledger.forget((QUOTA, workload_id))
         quota_actions = [a for a in plan.actions if isinstance(a, Throttle | Restore)]
         for action in quota_actions:
             if action.dry_run:
                 self._log(action, "dry run: would")
-        real = [a for a in quota_actions if not a.dry_run and tick.done.get(a.workload_id) != a.quota]
-        if real:
-            self._write_all(real, tick)
-        if tick.refused and not final:
-            return Carried(tick.state, tick.refused, tick.written)
+        real = [a for a in quota_actions if not a.dry_run and done.get(a.workload_id) != a.quota]
+        changes = [self._quota_change(a, before, done) for a in real]
+        results = self.changer.apply(changes) if changes else Results()
+        state, refused, written = self._fold_quotas(plan, before, real, results)
+        if refused and not final:
+            return Carried(state, refused, written, results.done)
         for eviction in plan.actions:
             if isinstance(eviction, Evict):
                 self._evict(eviction)
-        state = self._reassert(snapshot, tick.state, skip=tick.written)
+        state = self._reassert(snapshot, state, skip={(QUOTA, w) for w in written})
         for workload_id in self._failed_evictions:
             state = state.without_eviction(workload_id)
         self._failed_evictions.clear()
-        state = state.with_held_back(tick.refused).without_held_back(tick.written)
+        state = state.with_held_back(refused).without_held_back(written)
         if real or plan.departed:
             self._save("after writing")
-        return Carried(state, tick.refused, tick.written)
+        return Carried(state, refused, written, results.done)
 
-    def _write_all(self, actions: list[QuotaAction], tick: _Pass) -> None:
-        prepared: list[tuple[QuotaAction, CpuMax, list[LimitWrite]]] = []
-        for action in actions:
-            workload_id = action.workload_id
-            try:
-                current, writes = self.quota.plan(workload_id, action.quota, self._child_originals(workload_id))
-            except CgroupGone:
-                self.ledger.forget(workload_id)
-                tick.hold(workload_id, None)
-                continue
-            except (OSError, ParseError, ActuationRefused) as exc:
-                self._refused(action, LimitRefused(workload_id, "cpu limit", type(exc).__name__, str(exc)), tick)
-                continue
-            prepared.append((action, current, writes))
-        # Ledger first: every value about to be written is marked as ours.
-        previous = {a.workload_id: self.ledger.entries.get(a.workload_id) for a, _, _ in prepared}
-        for action, _, writes in prepared:
-            self.ledger.record(self._entry(action, writes, pending=True))
-        full_restores_only = False
-        try:
-            self.ledger.save()
-        except LedgerUnsaved as exc:
-            self._withhold(prepared, previous, tick, exc)
-            full_restores_only = True
-        for action, current, writes in prepared:
-            if not full_restores_only:
-                self._write(action, current, writes, tick)
-            elif isinstance(action, Restore):
-                self._restore_fully(action, current, writes, tick)
+    def _quota_change(self, action: QuotaAction, before: GuardState, done: Mapping[str, CpuMax]) -> Change:
+        held = before.throttles.get(action.workload_id)
+        drifted = None if held is None or action.workload_id in done else held.quota.render_v2()
+        full = isinstance(action, Restore) and action.full
+        return Change(QUOTA, action.workload_id, action.quota.render_v2(), action.original.render_v2(), full,
+                      action.kind, str(action.metric), drifted, action)  # fmt: skip
 
-    def _restore_fully(self, action: Restore, current: CpuMax, writes: list[LimitWrite], tick: _Pass) -> None:
-        """A step up that the ledger cannot mark as ours would strand a throttle it cannot recognise after a
-        crash: give the original back instead (that needs no ledger)."""
-        if not action.full:
-            action = replace(action, quota=action.original, full=True)
-            try:
-                current, writes = self.quota.plan(
-                    action.workload_id, action.quota, self._child_originals(action.workload_id)
-                )
-            except (CgroupGone, OSError, ParseError, ActuationRefused):
-                return
-            tick.hold(action.workload_id, None)
-        self._write(action, current, writes, tick)
+    def _fold_quotas(
+        self, plan: Plan, before: GuardState, actions: list[QuotaAction], results: Results
+    ) -> tuple[GuardState, dict[str, HeldBack], dict[str, CpuMax]]:
+        """The plan's state, less what did not happen: a refused write keeps the throttle it had."""
+        state = plan.state
+        refused: dict[str, HeldBack] = {}
+        by_id = {a.workload_id: a for a in actions}
+        for (_, group), refusal in results.refused.items():
+            action = by_id[group]
+            self._refused(action, refusal)
+            if isinstance(action, Throttle):
+                refused[group] = held_back_after(
+                    before.held_back.get(group), group, error=refusal.error, file=refusal.file,
+                    detail=refusal.detail, now=plan.monotonic, first=self.holds.first, longest=self.holds.longest,
+                )  # fmt: skip
+            state = _hold(state, group, before.throttles.get(group))
+        for change in results.withheld:
+            state = _hold(state, change.group, before.throttles.get(change.group))
+        self._withheld(results.withheld)
+        for key in results.gone:
+            state = _without(state, key)
+        written: dict[str, CpuMax] = {}
+        for made in results.done:
+            action = by_id[made.change.group]
+            if made.change.release and not (isinstance(action, Restore) and action.full):
+                state = _without(state, made.change.key)  # a step up the ledger could not record went all the way
+            written[made.change.group] = parse_cpu_max(made.after)
+            self.counters.count(action.kind, str(action.metric), False)
+            self._log(action, "", children=made.children)
+        return state, refused, written
 
-    def _child_originals(self, workload_id: str) -> dict[str, CpuMax]:
-        held = self.ledger.entries.get(workload_id)
-        return {} if held is None else {path: rec.original_limit for path, rec in held.children.items()}
-
-    def _entry(self, action: QuotaAction, writes: list[LimitWrite], pending: bool) -> LedgerEntry:
-        return self._recorded(
-            action.workload_id, action.original, action.quota, writes, str(action.metric), pending=pending
-        )
-
-    def _recorded(
-        self, workload_id: str, original: CpuMax, target: CpuMax, writes: list[LimitWrite], reason: str, *,
-        pending: bool,
-    ) -> LedgerEntry:  # fmt: skip
-        """The ledger entry for a change: before it (``pending``: the new values marked as ours) or after it."""
-        held = self.ledger.entries.get(workload_id)
-        children = dict(held.children) if held is not None else {}
-        for write in writes:
-            if write.path == workload_id:
-                continue
-            old = children.get(write.path)
-            first = old.original if old is not None else write.before.render_v2()
-            after = write.after.render_v2()
-            if pending:
-                applied = old.applied if old is not None else after
-                children[write.path] = LimitRecord(original=first, applied=applied, pending=after)
-            elif after == first:
-                children.pop(write.path, None)  # back to its original: nothing of ours left there
-            else:
-                children[write.path] = LimitRecord(original=first, applied=after)
-        return LedgerEntry(
-            original=original.render_v2(),
-            applied=held.applied if held is not None and pending else target.render_v2(),
-            pending=target.render_v2() if pending else None,
-            workload_id=workload_id,
-            cgroup_version="v2" if self.quota.version == "v2" else "v1",
-            reason=reason,
-            changed_at=time.time(),
-            children=children,
-        )
-
-    def _withhold(
-        self,
-        prepared: list[tuple[QuotaAction, CpuMax, list[LimitWrite]]],
-        previous: Mapping[str, LedgerEntry | None],
-        tick: _Pass,
-        exc: LedgerUnsaved,
-    ) -> None:
-        """The ledger cannot record what is about to change: no throttle is written, restores go all the way."""
-        withheld = []
-        for action, _, _ in prepared:
-            workload_id = action.workload_id
-            old = previous[workload_id]
-            if isinstance(action, Restore):
-                continue  # the original needs no ledger: written now, forgotten after
-            if old is None:
-                self.ledger.forget(workload_id)
-            else:
-                self.ledger.entries[workload_id] = old
-            tick.hold(workload_id, tick.before.throttles.get(workload_id))
-            withheld.append(f"{action.kind} {workload_id} to {action.quota.render_v2()}")
-        self.counters.withheld += len(withheld)
-        if withheld and self._errors.allow(f"ledger:{exc.errno_name}"):
-            log.error(
-                "ledger cannot be saved: throttles withheld (restores still happen)",
-                file=exc.path, error=exc.errno_name, withheld=withheld,
-            )  # fmt: skip
-
-    def _write(self, action: QuotaAction, current: CpuMax, writes: list[LimitWrite], tick: _Pass) -> None:
-        workload_id = action.workload_id
-        held = tick.before.throttles.get(workload_id)
-        context: dict[str, object] = {"action": action.kind, "metric": str(action.metric)}
-        entry = self.ledger.entries.get(workload_id)
-        # Put back to its original behind nodeguard's back (kubelet resyncing): drift this write also fixes.
-        if (
-            held is not None
-            and workload_id not in tick.done
-            and entry is not None
-            and entry.ownership(current) is Ownership.ORIGINAL
-        ):
-            context = self.quota.note_drift(workload_id, current, held.quota, context)
-        try:
-            self.quota.perform(writes, reason=action.reason, **context)
-        except CgroupGone:
-            self.ledger.forget(workload_id)
-            tick.hold(workload_id, None)
-            return
-        except LimitRefused as refusal:
-            self._refused(action, refusal, tick)
-            return
-        tick.written[workload_id] = action.quota
-        self.counters.count(action.kind, str(action.metric), False)
-        self._log(action, "", children=len([w for w in writes if w.path != workload_id]))
-        entry = self._entry(action, writes, pending=False)
-        if isinstance(action, Restore) and action.full:
-            self.ledger.forget(workload_id)
-        else:
-            self.ledger.record(entry)
-
-    def _refused(self, action: QuotaAction, refusal: LimitRefused, tick: _Pass) -> None:
-        workload_id = action.workload_id
-        held = tick.before.throttles.get(workload_id)
+    def _refused(self, action: QuotaAction | Reweigh, refusal: WriteRefused) -> None:
         self.counters.failed += 1
-        if self._errors.allow(f"{workload_id}:{refusal.error}"):
+        group = action.group if isinstance(action, Reweigh) else action.workload_id
+        if self._errors.allow(f"{group}:{refusal.error}"):
+            noun = "weight" if isinstance(action, Reweigh) else "quota"
             log.error(
-                "quota write refused", workload=workload_id, action=action.kind, file=refusal.file,
+                f"{noun} write refused", workload=group, action=action.kind, file=refusal.file,
                 cgroup=refusal.path, error=refusal.error, detail=refusal.detail,
             )  # fmt: skip
-        old = self.ledger.entries.get(workload_id)
-        if held is None:
-            self.ledger.forget(workload_id)
-        elif old is not None:
-            children = {p: replace(c, pending=None) for p, c in old.children.items()}
-            self.ledger.record(replace(old, pending=None, children=children))
-        if isinstance(action, Throttle):
-            tick.refused[workload_id] = held_back_after(
-                tick.before.held_back.get(workload_id), workload_id, error=refusal.error, file=refusal.file,
-                detail=refusal.detail, now=tick.now, first=self.holds.first, longest=self.holds.longest,
+
+    def _withheld(self, changes: list[Change]) -> None:
+        if not changes:
+            return
+        self.counters.withheld += len(changes)
+        if self._errors.allow("ledger:withheld"):
+            log.error(
+                "ledger cannot be saved: changes withheld (restores still happen)", file=self.ledger.path,
+                withheld=[f"{c.kind} {c.group} to {c.target}" for c in changes],
             )  # fmt: skip
-        tick.hold(workload_id, held)
 
     def _save(self, when: str) -> bool:
         try:
@@ -342,220 +269,100 @@ class Executor:
             fields.update(quota=action.quota.render_v2(), previous=action.previous.render_v2())
         log.info(f"{prefix} {action.kind}".strip(), **fields)
 
-    # --- limits changed behind nodeguard -------------------------------------------
+    # --- values changed behind nodeguard ---------------------------------------------
 
-    def adopt_moves(self, snapshot: Snapshot, state: GuardState, skip: Collection[str] = ()) -> GuardState:
-        """Before planning: a held limit someone set to a new value (an in-place resize) is the new original.
+    def _seen(self, snapshot: Snapshot) -> drift.Seen:
+        def seen(record: LeverRecord) -> str | None:
+            if record.lever != QUOTA:
+                return None
+            usage = snapshot.workloads.get(record.group)
+            return None if usage is None or usage.cpu_max is None else usage.cpu_max.render_v2()
+
+        return seen
+
+    def adopt_moves(self, snapshot: Snapshot, state: GuardState, skip: Collection[Key] = ()) -> GuardState:
+        """Before planning: a held value someone set to a new one (an in-place resize) is the new original.
 
         Neither nodeguard's value nor the recorded original: the ledger and the
-        throttle take it as the original, so the plan keeps the throttle under
-        it and a restore gives it back, not the stale one. A new limit at or
-        under the throttle leaves nothing to hold.
+        state take it as the original, so the plan keeps the hold under it
+        and a restore gives it back, not the stale one. A new value that holds
+        the group back as much leaves nothing to hold.
         """
-        for workload_id, held in list(state.throttles.items()):
-            usage = snapshot.workloads.get(workload_id)
-            entry = self.ledger.entries.get(workload_id)
-            if usage is None or usage.cpu_max is None or entry is None or workload_id in skip:
-                continue
-            if usage.cpu_max == held.quota and not entry.children:
-                continue  # the common case: nothing to read, nothing to do
-            try:
-                state = self._adopt_moves(workload_id, held, entry, usage.cpu_max, state)
-            except (CgroupGone, OSError, ParseError, ActuationRefused):
-                continue  # read again next tick
-        return state
+        moves = drift.adopt_moves(self.ledger, self.levers, self._seen(snapshot), skip)
+        self.counters.moved_originals += len(moves.originals) + moves.children
+        if moves.released:
+            self._save("releasing a resized workload")
+        return fold_moves(state, moves)
 
-    def _adopt_moves(
-        self, workload_id: str, held: HeldThrottle, entry: LedgerEntry, current: CpuMax, state: GuardState
-    ) -> GuardState:
-        if entry.ownership(current) is Ownership.MOVED:
-            self.counters.moved_originals += 1
-            self.ledger.move_original(workload_id, current)
-            log.warning(
-                "limit changed behind nodeguard: taken as the new original",
-                workload=workload_id, original=current.render_v2(), was=entry.original,
-            )  # fmt: skip
-            if not rate_above(current, held.quota):
-                self.ledger.forget(workload_id)
-                self._save("releasing a resized workload")
-                return _with_throttle(state, workload_id, None)
-            state = _with_throttle(state, workload_id, replace(held, original=current))
-        for path, record in entry.children.items():
-            try:
-                found = self.quota.read(path)
-            except CgroupGone:
-                continue
-            if record.ownership(found) is Ownership.MOVED:
-                self.counters.moved_originals += 1
-                self.ledger.move_original(workload_id, found, child=path)
-        return state
-
-    def _reassert(self, snapshot: Snapshot, state: GuardState, skip: Collection[str]) -> GuardState:
-        """After acting: put back every held limit kubelet (or anyone) reset to its original: drift.
-
-        ``skip``: written this tick, so the snapshot's reading of them is stale.
-        """
+    def _reassert(self, snapshot: Snapshot, state: GuardState, skip: Collection[Key]) -> GuardState:
+        """After acting: put back every held value kubelet (or anyone) reset: drift. ``skip``: written now."""
         state = self.adopt_moves(snapshot, state, skip)
-        for workload_id, held in list(state.throttles.items()):
-            if workload_id in skip:
-                continue
-            usage = snapshot.workloads.get(workload_id)
-            entry = self.ledger.entries.get(workload_id)
-            if usage is None or usage.cpu_max is None or entry is None:
-                continue
-            if usage.cpu_max == held.quota and not entry.children:
-                continue
-            try:
-                self._put_back(workload_id, held, entry)
-            except CgroupGone:
-                continue
-            except (OSError, ParseError, ActuationRefused, LimitRefused) as exc:
-                self.counters.failed += 1
-                if self._errors.allow(f"{workload_id}:reassert"):
-                    log.error("cannot re-assert quota", workload=workload_id, error=str(exc))
+        for key, error in drift.reassert(self.ledger, self.levers, self._seen(snapshot), skip).items():
+            self.counters.failed += 1
+            if self._errors.allow(f"{key}:reassert"):
+                log.error(f"cannot re-assert {self.levers[key[0]].noun}", group=key[1], error=error)
         return state
-
-    def _put_back(self, workload_id: str, held: HeldThrottle, entry: LedgerEntry) -> None:
-        current, writes = self.quota.plan(workload_id, held.quota, self._child_originals(workload_id))
-        if not writes:
-            return
-        self.ledger.record(self._recorded(workload_id, held.original, held.quota, writes, entry.reason, pending=True))
-        if not self._save("before re-asserting"):
-            self.ledger.entries[workload_id] = entry
-            return
-        context = self.quota.note_drift(workload_id, current, held.quota, {"action": "reassert"})
-        if current == held.quota:  # the workload's own limit is right: a child's was changed
-            self.quota.note_drift(writes[0].path, writes[0].before, writes[0].after, {"action": "reassert"})
-        self.quota.perform(writes, **context)
-        self.ledger.record(self._recorded(workload_id, held.original, held.quota, writes, entry.reason, pending=False))
 
     # --- CPU weights (protected_cpu_stall) ------------------------------------------
 
-    def reweigh(self, plan: Plan, state: GuardState) -> GuardState:
-        """Lower or put back the plan's weights (ledger first), and re-assert the others that drifted.
-
-        A group whose weight the kernel refused is held back like a workload whose quota was (the planner
-        then goes on to the quota lever).
-        """
-        lowered = dict(state.lowered)
-        refused: dict[str, HeldBack] = {}
-        touched: set[str] = set()
+    def reweigh(self, plan: Plan, state: GuardState) -> tuple[GuardState, list[Done]]:
+        """Lower or put back the plan's weights (ledger first). A group whose weight the kernel refused is held
+        back like a workload whose quota was (the planner then goes on to the quota lever)."""
+        changes: list[Change] = []
+        actions: dict[str, Reweigh] = {}
         for action in plan.reweighs:
             if action.dry_run:
                 self.counters.count(action.kind, str(action.metric), True)
                 log.info("dry run: would reweigh", group=action.group, lower=action.lower, reason=action.reason)
                 continue
-            touched.add(action.group)
+            change = self._weight_change(action)
+            if change is not None:
+                changes.append(change)
+                actions[action.group] = action
+        if not changes:
+            return state, []
+        results = self.changer.apply(changes)
+        lowered = dict(state.lowered)
+        refused: dict[str, HeldBack] = {}
+        for key in results.gone:
+            lowered.pop(key[1], None)
+        for change in results.withheld:
+            lowered.pop(change.group, None)
+        self._withheld(results.withheld)
+        for (_, group), refusal in results.refused.items():
+            action = actions[group]
+            self._refused(action, refusal)
             if action.lower:
-                try:
-                    if not self._lower_weight(action):
-                        lowered.pop(action.group, None)
-                except LimitRefused as exc:
-                    lowered.pop(action.group, None)
-                    self._weight_failed(action.group, "lower", exc)
-                    refused[action.group] = held_back_after(
-                        state.held_back.get(action.group), action.group, error=exc.error, file=exc.file,
-                        detail=exc.detail, now=plan.monotonic, first=self.holds.first, longest=self.holds.longest,
-                    )  # fmt: skip
-            else:
-                self._weight_back(action)
-        for group in lowered.keys() - touched:
-            if not self._reassert_weight(group):
                 lowered.pop(group, None)
-        return replace(state, lowered=lowered).with_held_back(refused)
+                refused[group] = held_back_after(
+                    state.held_back.get(group), group, error=refusal.error, file=refusal.file,
+                    detail=refusal.detail, now=plan.monotonic, first=self.holds.first, longest=self.holds.longest,
+                )  # fmt: skip
+        for made in results.done:
+            action = actions[made.change.group]
+            self.counters.count(action.kind, str(action.metric), False)
+            log.info("reweigh", group=action.group, weight=int(made.after), original=self._original(made),
+                     file=self.weights.file_of_value(int(made.after)), restored=not action.lower,
+                     workloads=list(action.workloads), reason=action.reason)  # fmt: skip
+        self._save("after reweighing")
+        return replace(state, lowered=lowered).with_held_back(refused), results.done
 
-    def _lower_weight(self, action: Reweigh) -> bool:
-        group = action.group
-        held = self.ledger.weights.get(group)
+    def _weight_change(self, action: Reweigh) -> Change | None:
+        held = self.ledger.get(WEIGHT, action.group)
+        if not action.lower:
+            if held is None:
+                return None
+            return Change(WEIGHT, action.group, held.original, held.original, True, action.kind, str(action.metric),
+                          asked=action)  # fmt: skip
         try:
-            current = self.weights.read(group)
-        except CgroupGone:
-            self.ledger.weights.pop(group, None)
-            return False
-        except ParseError as exc:
-            raise LimitRefused(group, self.weights.file.name, "unparsable", str(exc)) from None
-        except (OSError, ActuationRefused) as exc:
-            raise refusal(group, self.weights.file.name, exc) from None
-        original = held.original if held is not None else current
-        least = self.weights.least  # known once a group was read: cpu.idle or not
-        self.ledger.weights[group] = WeightRecord(
-            group=group, cgroup_version="v2" if self.weights.version == "v2" else "v1", original=original,
-            applied=held.applied if held is not None else current, pending=least, reason=action.reason,
-            changed_at=time.time(),
-        )  # fmt: skip
-        if not self._save("before lowering a weight"):
-            self._forget_weight(group, held)
-            self.counters.withheld += 1
-            return False
-        try:
-            self.weights.write(group, least, action=action.kind, reason=action.reason)
-        except CgroupGone:
-            self.ledger.weights.pop(group, None)
-            self._save("a group left")
-            return False
-        except (OSError, ActuationRefused) as exc:
-            self._forget_weight(group, held)
-            self._save("a weight refused")
-            raise refusal(group, self.weights.file_of(least), exc) from None
-        self.ledger.weights[group] = replace(self.ledger.weights[group], applied=least, pending=None)
-        self._save("after lowering a weight")
-        self.counters.count(action.kind, str(action.metric), False)
-        log.info("reweigh", group=group, weight=least, original=original, file=self.weights.file_of(least),
-                 workloads=list(action.workloads), reason=action.reason)  # fmt: skip
-        return True
+            least = self.weights.least_for(action.group)
+        except (CgroupGone, OSError, ActuationRefused, ParseError):
+            least = self.weights.least
+        return Change(WEIGHT, action.group, str(least), None, False, action.kind, str(action.metric), asked=action)
 
-    def _forget_weight(self, group: str, held: WeightRecord | None) -> None:
-        if held is None:
-            self.ledger.weights.pop(group, None)
-        else:
-            self.ledger.weights[group] = held
-
-    def _weight_back(self, action: Reweigh) -> None:
-        record = self.ledger.weights.get(action.group)
-        if record is None:
-            return
-        outcome = restore_weight(self.weights, record)
-        if outcome is Outcome.FAILED:
-            self.counters.failed += 1
-            return
-        del self.ledger.weights[action.group]
-        self._save("after putting a weight back")
-        self.counters.count(action.kind, str(action.metric), False)
-        log.info("reweigh", group=action.group, weight=record.original, restored=True, reason=action.reason)
-
-    def _reassert_weight(self, group: str) -> bool:
-        """A lowered weight someone rewrote (kubelet, as pods come and go) is theirs to keep as the original;
-        nodeguard's goes back. False when the group is gone or nothing of it is recorded."""
-        record = self.ledger.weights.get(group)
-        if record is None:
-            return False
-        try:
-            current = self.weights.read(group)
-            if record.is_ours(current):
-                return True
-            self.ledger.weights[group] = replace(record, original=current, pending=record.applied)
-            if not self._save("before re-asserting a weight"):
-                self.ledger.weights[group] = record
-                return True
-            self.quota.writer.counters.drift += 1
-            log.warning("weight drift re-asserted", group=group, found=current, weight=record.applied)
-            self.weights.write(group, record.applied, action="reassert")
-        except CgroupGone:
-            self.ledger.weights.pop(group, None)
-            self._save("a group left")
-            return False
-        except (OSError, ParseError, ActuationRefused) as exc:
-            self._weight_failed(group, "reassert", exc)
-            return True
-        self.ledger.weights[group] = replace(self.ledger.weights[group], pending=None)
-        self._save("after re-asserting a weight")
-        return True
-
-    def _weight_failed(self, group: str, what: str, exc: Exception) -> bool:
-        self.counters.failed += 1
-        if self._errors.allow(f"{group}:weight:{what}"):
-            log.error("weight change refused", group=group, step=what, file=self.weights.file.name, error=str(exc))
-        return False
+    def _original(self, made: Done) -> int:
+        record = self.ledger.get(made.change.lever, made.change.group)
+        return int(made.before if record is None else record.original)
 
     # --- evictions ---------------------------------------------------------------
 
@@ -586,38 +393,21 @@ class Executor:
     # --- start and stop ----------------------------------------------------------
 
     def adopt(self, now: float) -> GuardState:
-        """Keep holding the ledger's throttles that are still in place; forget the rest."""
-        throttles: dict[str, HeldThrottle] = {}
-        for entry in list(self.ledger.entries.values()):
-            try:
-                current = self.quota.read(entry.workload_id)
-            except CgroupGone:
-                self.ledger.forget(entry.workload_id)
-                continue
-            except (OSError, ActuationRefused, ParseError) as exc:
-                log.error("cannot read a ledger entry's quota; leaving it", workload=entry.workload_id, error=str(exc))
-                continue
-            if entry.cgroup_version != self.quota.version or not entry.is_ours(current):
-                log.warning("ledger entry no longer ours; forgotten", workload=entry.workload_id)
-                self.ledger.forget(entry.workload_id)
-                continue
-            reasons = frozenset({Metric(entry.reason)}) if entry.reason in Metric._value2member_map_ else frozenset()
-            throttles[entry.workload_id] = HeldThrottle(entry.workload_id, entry.original_limit, current, reasons, now)
-            self.ledger.record(replace(entry, applied=current.render_v2(), pending=None))
-        lowered: dict[str, LoweredWeight] = {}
-        for record in list(self.ledger.weights.values()):
-            try:
-                weight: int | None = self.weights.read(record.group)
-            except (CgroupGone, OSError, ActuationRefused, ParseError):
-                weight = None
-            if weight is None or record.cgroup_version != self.weights.version or not record.is_ours(weight):
-                log.warning("ledger weight no longer ours; forgotten", group=record.group)
-                del self.ledger.weights[record.group]
-                continue
-            lowered[record.group] = LoweredWeight(record.group, now)
-            self.ledger.weights[record.group] = replace(record, applied=weight, pending=None)
+        """Keep holding every lever's ledger records that are still in place; forget the rest."""
+        state = GuardState()
+        for record in drift.adopt(self.ledger, self.levers):
+            state = ADOPTED[record.lever](state, record, now)
         self._save("adopting")
-        return GuardState(throttles=throttles, lowered=lowered)
+        return state
 
     def restore_everything(self) -> dict[Outcome, list[str]]:
-        return restore_all(self.ledger, self.quota, self.weights)
+        return restore_all(self.ledger, self.levers)
+
+
+def _hold(state: GuardState, workload_id: str, held: HeldThrottle | None) -> GuardState:
+    throttles = dict(state.throttles)
+    if held is None:
+        throttles.pop(workload_id, None)
+    else:
+        throttles[workload_id] = held
+    return replace(state, throttles=throttles)

@@ -1,18 +1,18 @@
-"""The ledger of originals: every CPU limit nodeguard changed, and what it was before.
+"""The ledger of originals: every value a lever changed, and what it was before.
 
 A JSON file (default /run/nodeguard/ledger.json) written atomically: a
 temporary file in the same directory, fsync, rename, fsync of the directory.
 It outlives the daemon, so ``nodeguard restore --all`` works while it is down,
-and a restarted daemon can tell its own throttles from anybody else's.
+and a restarted daemon can tell its own changes from anybody else's.
 
-One entry per workload: the workload's own limit, and the limit of every
-descendant cgroup nodeguard had to change with it (cgroup v1 refuses a parent
-quota below a child's, so children are capped first). Each entry is checked on
-its own when the file is read: a bad entry is set aside alone, in a file
-beside the ledger, and the good ones are still restored.
-
-CPU weights lowered for protected_cpu_stall are kept alike, under ``weights``
-(one record per group; a ledger without weights is written as before).
+One record shape for every lever (``levers.REGISTERED``): the lever, the
+group, the original, the value applied, a value about to be written, and the
+descendants changed with the group (cgroup v1 refuses a parent quota below a
+child's, so children are capped first). Each record is checked on its own when
+the file is read, its values by its lever: a bad record is set aside alone, in
+a file beside the ledger, and the good ones are still restored. A version 1
+ledger (quotas under ``entries``, weights under ``weights``) is read and
+written back as version 2.
 """
 
 from __future__ import annotations
@@ -21,125 +21,122 @@ import errno
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
+from nodeguard.actuators.levers import REGISTERED
 from nodeguard.atomic_file import UnsafeFile, read_state_file, set_aside, write_atomic
-from nodeguard.errors import NodeguardError, ParseError
+from nodeguard.errors import NodeguardError
 from nodeguard.log import get_logger
-from nodeguard.model.samples import CpuMax
-from nodeguard.sources.cgroupfs import parse_cpu_max
 
 log = get_logger("nodeguard.ledger")
 
-LEDGER_VERSION = 1
-MAX_LEDGER_BYTES = 64 << 20  # far above any real node (about 300 bytes an entry)
-
-
-def _cpu_max_text(value: str) -> str:
-    try:
-        parse_cpu_max(value)
-    except ParseError as exc:
-        raise ValueError(str(exc)) from None
-    return value
-
-
-CpuMaxText = Annotated[str, AfterValidator(_cpu_max_text)]
+LEDGER_VERSION = 2
+MAX_LEDGER_BYTES = 64 << 20  # far above any real node (about 300 bytes a record)
+_CHECKS = {kind.name: kind.check for kind in REGISTERED}
 
 
 class Ownership(StrEnum):
-    """Who set a limit found in the kernel, as the ledger sees it."""
+    """Who set a value found in the kernel, as the ledger sees it."""
 
     OURS = "ours"  # nodeguard's value (applied, or about to be)
     ORIGINAL = "original"  # the recorded original: someone put it back (kubelet resyncing): drift
-    MOVED = "moved"  # neither: someone set a new limit (an in-place resize): the new original
+    MOVED = "moved"  # neither: someone set a new value (an in-place resize, kubelet's new tier weight)
 
 
 @dataclass(frozen=True, slots=True)
-class LimitRecord:
-    """One cgroup's CPU limit: before nodeguard, as nodeguard set it, and a write about to happen."""
+class Held:
+    """One cgroup's value: before nodeguard, as nodeguard set it, and a write about to happen."""
 
-    original: CpuMaxText  # cpu.max format, "max 100000" for unlimited (v1 values converted)
-    applied: CpuMaxText
+    original: str  # the lever's canonical text
+    applied: str
     # A value about to be written: saved before the write so that a crash
     # between the two still leaves the kernel's value recognisable as ours.
-    pending: CpuMaxText | None = None
+    pending: str | None = None
 
-    @property
-    def original_limit(self) -> CpuMax:
-        return parse_cpu_max(self.original)
+    def is_ours(self, current: str) -> bool:
+        return current == self.applied or (self.pending is not None and current == self.pending)
 
-    @property
-    def applied_limit(self) -> CpuMax:
-        return parse_cpu_max(self.applied)
-
-    def is_ours(self, current: CpuMax) -> bool:
-        return current == self.applied_limit or (self.pending is not None and current == parse_cpu_max(self.pending))
-
-    def ownership(self, current: CpuMax) -> Ownership:
+    def ownership(self, current: str) -> Ownership:
         if self.is_ours(current):
             return Ownership.OURS
-        if current == self.original_limit:
+        if current == self.original:
             return Ownership.ORIGINAL
         return Ownership.MOVED
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LedgerEntry(LimitRecord):
-    workload_id: str = ""
-    cgroup_version: Literal["v1", "v2"] = "v2"
-    reason: str = ""
-    changed_at: float = 0.0  # wall-clock seconds
-    # Descendant cgroups (paths relative to the hierarchy root) whose limits were
-    # changed to let the workload's own be lowered, deepest paths sort last.
-    children: Mapping[str, LimitRecord] = field(default_factory=dict)
-
-
-def entry(
-    workload_id: str,
-    version: Literal["v1", "v2"],
-    original: CpuMax,
-    applied: CpuMax,
-    reason: str,
-    *,
-    pending: CpuMax | None = None,
-    children: Mapping[str, LimitRecord] | None = None,
-) -> LedgerEntry:
-    return LedgerEntry(
-        original=original.render_v2(),
-        applied=applied.render_v2(),
-        pending=None if pending is None else pending.render_v2(),
-        workload_id=workload_id,
-        cgroup_version=version,
-        reason=reason,
-        changed_at=time.time(),
-        children=dict(children or {}),
-    )
+Key = tuple[str, str]  # (lever, group)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class WeightRecord:
-    """A group's CPU weight (cpu.shares on v1, cpu.weight on v2, 0 for cpu.idle set on v2): before nodeguard, as
-    nodeguard set it."""
+class LeverRecord(Held):
+    """What one lever changed on one group (and on the descendants it had to change with it)."""
 
+    lever: str
     group: str
     cgroup_version: Literal["v1", "v2"]
-    original: Annotated[int, Field(ge=0, le=262144)]
-    applied: Annotated[int, Field(ge=0, le=262144)]
-    pending: Annotated[int, Field(ge=0, le=262144)] | None = None  # about to be written
     reason: str = ""
-    changed_at: float = 0.0
+    changed_at: float = 0.0  # wall-clock seconds
+    # Descendant cgroups (paths relative to the hierarchy root) changed to let the group's own value be set.
+    children: Mapping[str, Held] = field(default_factory=dict)
 
-    def is_ours(self, current: int) -> bool:
-        return current in (self.applied, self.pending)
+    @property
+    def key(self) -> Key:
+        return (self.lever, self.group)
 
 
-_ENTRY = TypeAdapter(LedgerEntry)
-_WEIGHT = TypeAdapter(WeightRecord)
+_RECORD = TypeAdapter(LeverRecord)
+
+
+def _checked(record: LeverRecord) -> LeverRecord:
+    """The record with its values in its lever's canonical text; ValueError naming what is wrong."""
+    check = _CHECKS.get(record.lever)
+    if check is None:
+        raise ValueError(f"lever: unknown lever {record.lever!r}")
+    if not record.group:
+        raise ValueError("group: empty")
+
+    def held(where: str, value: Held) -> dict[str, Any]:
+        try:
+            return {
+                "original": check(value.original),
+                "applied": check(value.applied),
+                "pending": None if value.pending is None else check(value.pending),
+            }
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+    children = {path: Held(**held(f"children.{path}", child)) for path, child in record.children.items()}
+    return replace(record, **held("value", record), children=children)
+
+
+def _from_version_1(document: Mapping[str, Any]) -> list[Any]:
+    """Version 1's quota entries and weight records as version 2 records (left as found where malformed)."""
+    items = document.get("entries")
+    weights = document.get("weights", [])
+    if not isinstance(items, list):
+        raise ValueError("'entries' is not a list")
+    if not isinstance(weights, list):
+        raise ValueError("'weights' is not a list")
+    records: list[Any] = []
+    for entry in items:
+        if isinstance(entry, Mapping) and "workload_id" in entry:
+            rest = {k: v for k, v in entry.items() if k != "workload_id"}
+            records.append(rest | {"lever": "cpu.max", "group": entry["workload_id"]})
+        else:
+            records.append(entry)
+    numbers = ("original", "applied", "pending")
+    for weight in weights:
+        if isinstance(weight, Mapping):
+            values = {k: str(v) for k, v in weight.items() if k in numbers and isinstance(v, int)}
+            records.append({**weight, "lever": "cpu.weight", **values})
+        else:
+            records.append(weight)
+    return records
 
 
 class LedgerUnsaved(NodeguardError):
@@ -154,17 +151,29 @@ class LedgerUnsaved(NodeguardError):
 class Ledger:
     def __init__(self, path: str) -> None:
         self.path = path
-        self.entries: dict[str, LedgerEntry] = {}
-        self.weights: dict[str, WeightRecord] = {}
+        self.records: dict[Key, LeverRecord] = {}
         self.set_aside: str | None = None  # where an unreadable file was moved
-        self.rejected: str | None = None  # where entries that failed their checks were kept
+        self.rejected: str | None = None  # where records that failed their checks were kept
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
+
+    def __iter__(self) -> Iterator[LeverRecord]:
+        return iter(list(self.records.values()))
+
+    def of(self, lever: str) -> dict[str, LeverRecord]:
+        """One lever's records, by group."""
+        return {group: record for (name, group), record in self.records.items() if name == lever}
+
+    def get(self, lever: str, group: str) -> LeverRecord | None:
+        return self.records.get((lever, group))
 
     @classmethod
     def load(cls, path: str) -> Ledger:
         """Read the ledger; what cannot be trusted is moved aside and reported, never deleted.
 
-        An unreadable file (not UTF-8, not JSON, another version) is renamed
-        aside whole; an entry that fails its checks is copied to a
+        An unreadable file (not UTF-8, not JSON, an unknown version) is
+        renamed aside whole; a record that fails its checks is copied to a
         ``.rejected-*`` file alone, and the others are kept.
         """
         ledger = cls(path)
@@ -178,14 +187,11 @@ class Ledger:
             return ledger
         try:
             document = json.loads(raw.decode("utf-8"))
-            if not isinstance(document, Mapping) or document.get("version") != LEDGER_VERSION:
-                raise ValueError(f"not a version {LEDGER_VERSION} ledger")
-            items = document.get("entries")
+            if not isinstance(document, Mapping) or document.get("version") not in (1, LEDGER_VERSION):
+                raise ValueError(f"not a version 1 or {LEDGER_VERSION} ledger")
+            items = _from_version_1(document) if document["version"] == 1 else document.get("records")
             if not isinstance(items, list):
-                raise ValueError("'entries' is not a list")
-            weights = document.get("weights", [])
-            if not isinstance(weights, list):
-                raise ValueError("'weights' is not a list")
+                raise ValueError("'records' is not a list")
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             aside = set_aside(path)
             ledger.set_aside = aside
@@ -194,70 +200,56 @@ class Ledger:
         rejected: list[Any] = []
         for item in items:
             try:
-                found = _ENTRY.validate_python(item)
+                found = _checked(_RECORD.validate_python(item))
             except ValidationError as exc:
-                rejected.append(item)
-                problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in exc.errors())
-                workload = item.get("workload_id") if isinstance(item, Mapping) else None
-                log.error("ledger entry rejected; the others are kept", path=path, workload=workload, problem=problem)
-                continue
-            if found.workload_id in ledger.entries or not found.workload_id:
-                rejected.append(item)
-                log.error("ledger entry rejected: duplicate or empty workload", path=path, workload=found.workload_id)
-                continue
-            ledger.entries[found.workload_id] = found
-        rejected_weights: list[Any] = []
-        for item in weights:
-            try:
-                weight = _WEIGHT.validate_python(item)
-            except ValidationError as exc:
-                rejected_weights.append(item)
-                log.error("ledger weight rejected; the others are kept", path=path, problem=str(exc.errors()[0]["msg"]))
-                continue
-            if weight.group in ledger.weights or not weight.group:
-                rejected_weights.append(item)
-                continue
-            ledger.weights[weight.group] = weight
-        if rejected or rejected_weights:
+                problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors())
+            except ValueError as exc:
+                problem = str(exc)
+            else:
+                if found.key not in ledger.records:
+                    ledger.records[found.key] = found
+                    continue
+                problem = "duplicate record"
+            rejected.append(item)
+            group = item.get("group") if isinstance(item, Mapping) else None
+            log.error("ledger record rejected; the others are kept", path=path, group=group, problem=problem)
+        if rejected:
             ledger.rejected = f"{path}.rejected-{int(time.time())}"
-            document = {"version": LEDGER_VERSION, "entries": rejected, "weights": rejected_weights}
-            body = json.dumps(document, indent=1, default=str)
+            body = json.dumps({"version": LEDGER_VERSION, "records": rejected}, indent=1, default=str)
             try:
                 write_atomic(ledger.rejected, body.encode())
             except OSError as exc:
-                log.error("cannot keep the rejected ledger entries", path=ledger.rejected, error=str(exc))
+                log.error("cannot keep the rejected ledger records", path=ledger.rejected, error=str(exc))
                 ledger.rejected = None
         return ledger
 
-    def record(self, entry: LedgerEntry) -> None:
-        """Add or update an entry; recorded originals are never overwritten (see ``move_original``)."""
-        held = self.entries.get(entry.workload_id)
+    def record(self, record: LeverRecord) -> None:
+        """Add or update a record; recorded originals are never overwritten (see ``move_original``)."""
+        held = self.records.get(record.key)
         if held is not None:
-            children = dict(entry.children)
+            children = dict(record.children)
             for path, child in held.children.items():
                 if path in children:
                     children[path] = replace(children[path], original=child.original)
-            entry = replace(entry, cgroup_version=held.cgroup_version, original=held.original, children=children)
-        self.entries[entry.workload_id] = entry
+            record = replace(record, cgroup_version=held.cgroup_version, original=held.original, children=children)
+        self.records[record.key] = record
 
-    def move_original(self, workload_id: str, original: CpuMax, child: str | None = None) -> None:
-        """Someone set a new limit behind nodeguard (an in-place resize): it is the original from now on."""
-        held = self.entries[workload_id]
+    def move_original(self, key: Key, original: str, child: str | None = None) -> None:
+        """Someone set a new value behind nodeguard (an in-place resize): it is the original from now on."""
+        held = self.records[key]
         if child is None:
-            self.entries[workload_id] = replace(held, original=original.render_v2())
+            self.records[key] = replace(held, original=original)
         else:
             children = dict(held.children)
-            children[child] = replace(children[child], original=original.render_v2())
-            self.entries[workload_id] = replace(held, children=children)
+            children[child] = replace(children[child], original=original)
+            self.records[key] = replace(held, children=children)
 
-    def forget(self, workload_id: str) -> None:
-        self.entries.pop(workload_id, None)
+    def forget(self, key: Key) -> None:
+        self.records.pop(key, None)
 
     def save(self) -> None:
         """Write the ledger; LedgerUnsaved when the filesystem refuses (nothing in memory changes)."""
-        payload: dict[str, Any] = {"version": LEDGER_VERSION, "entries": [_encode(e) for e in self.entries.values()]}
-        if self.weights:
-            payload["weights"] = [_WEIGHT.dump_python(w, mode="json") for w in self.weights.values()]
+        payload = {"version": LEDGER_VERSION, "records": [_encode(r) for r in self.records.values()]}
         try:
             os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
             write_atomic(self.path, json.dumps(payload, indent=1, sort_keys=True).encode())
@@ -265,9 +257,8 @@ class Ledger:
             raise LedgerUnsaved(self.path, exc) from None
 
 
-def _encode(entry: LedgerEntry) -> dict[str, Any]:
-    data: dict[str, Any] = _ENTRY.dump_python(entry, mode="json")
-    if not entry.children:
-        del data["children"]  # the format before children existed, still read by older versions
+def _encode(record: LeverRecord) -> dict[str, Any]:
+    data: dict[str, Any] = _RECORD.dump_python(record, mode="json")
+    if not record.children:
+        del data["children"]
     return data
-

@@ -92,9 +92,7 @@ def _load_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ready-timeout", type=float, metavar="SECONDS", help="of one probe (default 1)")
     parser.add_argument("--ready-threshold", type=int, metavar="N", help="successes in a row (default 1)")
     parser.add_argument("--priority", type=int, default=0, help="higher is admitted first")
-    parser.add_argument(
-        "--semaphore", metavar="NAME", help="also hold a slot of this cluster semaphore while starting"
-    )
+    parser.add_argument("--semaphore", metavar="NAME", help="also hold a slot of this cluster semaphore while starting")
     parser.add_argument(
         "--start-timeout", type=float, metavar="SECONDS", help="default: the daemon's startTimeoutSeconds"
     )

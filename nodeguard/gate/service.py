@@ -308,8 +308,11 @@ class GateService:
     def busy(self, connections: int) -> None:
         self.counters["busy"] += 1
         if self._warnings.allow("busy"):
-            log.warning("gate: too many connections; turning clients away", connections=connections,
-                        max_connections=self.settings.max_connections)
+            log.warning(
+                "gate: too many connections; turning clients away",
+                connections=connections,
+                max_connections=self.settings.max_connections,
+            )
 
     def accept_failed(self, exc: OSError) -> None:
         self.counters["accept_failed"] += 1

@@ -57,7 +57,6 @@ def raise_for(reply: Reply, what: str) -> None:
     raise KubeError(f"{what}: HTTP {reply.status}" + (f" {reason}: {message}" if message else ""), reply.status, reason)
 
 
-
 def _file_key(path: str) -> tuple[int, int, int]:
     # stat follows the ..data symlink that a projected volume swaps atomically.
     st = os.stat(path)

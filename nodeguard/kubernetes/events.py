@@ -1,5 +1,8 @@
 """Kubernetes Events on the pods nodeguard acts on, so ``kubectl describe pod`` says what happened.
 
+Every lever change is one: on the pod whose cgroup it changed, or on the Node
+for a group that is not a pod (a kubelet QoS tier whose weight was lowered).
+
 core/v1 Events in the legacy shape (``firstTimestamp``/``lastTimestamp``/
 ``count``, no ``eventTime``) that every API server accepts, named like
 client-go's recorder names them (``<pod>.<hex nanoseconds>``). Best effort:
@@ -15,10 +18,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from nodeguard.actuators.changes import Done
 from nodeguard.kubernetes.client import KubeClient, KubeError, raise_for
 from nodeguard.kubernetes.metadata import PodCache, PodMeta
 from nodeguard.log import RateLimiter, get_logger
-from nodeguard.policy.actions import Action, Restore, Throttle
+from nodeguard.policy.actions import Action, Restore, Reweigh, Throttle
 
 log = get_logger("nodeguard.kubernetes.events")
 
@@ -26,11 +30,14 @@ COMPONENT = "nodeguard"
 MAX_MESSAGE = 1024  # the API server's limit on an Event's note
 MAX_NAME = 253
 EventType = Literal["Normal", "Warning"]
-# action kind -> (reason, type, action)
-KINDS: dict[str, tuple[str, EventType, str]] = {
-    "throttle": ("NodeguardThrottled", "Warning", "Throttle"),
-    "restore": ("NodeguardRestored", "Normal", "Restore"),
-    "evict": ("NodeguardEvicted", "Warning", "Evict"),
+Kind = tuple[str, EventType, str]  # (reason, type, action)
+EVICTED: Kind = ("NodeguardEvicted", "Warning", "Evict")
+# (lever, holds the group back) -> the Event; every registered lever has both (tests/kubernetes/test_events.py).
+LEVER_KINDS: dict[tuple[str, bool], Kind] = {
+    ("cpu.max", True): ("NodeguardThrottled", "Warning", "Throttle"),
+    ("cpu.max", False): ("NodeguardRestored", "Normal", "Restore"),
+    ("cpu.weight", True): ("NodeguardWeightLowered", "Warning", "LowerWeight"),
+    ("cpu.weight", False): ("NodeguardWeightRestored", "Normal", "RestoreWeight"),
 }
 
 
@@ -47,8 +54,29 @@ def describe(action: Action) -> str:
     return head + (f"; frees about {action.cores:.3g} cores, {action.memory_bytes >> 20} MiB" if action.cores else "")
 
 
+def describe_change(done: Done) -> str:
+    """The Event message of a lever change: the plan's own words where it has them, and the values."""
+    asked = done.change.asked
+    if isinstance(asked, Throttle | Restore):
+        return describe(asked)
+    what = f"{done.change.lever} {done.before} -> {done.after}"
+    if isinstance(asked, Reweigh):
+        held = f"; holds back {', '.join(asked.workloads)}" if asked.workloads and asked.lower else ""
+        return f"{asked.metric}: {asked.reason}; {what}{held}"
+    return f"{done.change.reason}: {what}"
+
+
+def pod_object(pod: PodMeta) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
+
+
+def node_object(node: str) -> dict[str, Any]:
+    # kubelet records a Node's Events with the node's name as its uid, in the default namespace.
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node, "namespace": ""}
+
+
 def event_body(
-    pod: PodMeta,
+    involved: dict[str, Any],
     *,
     reason: str,
     type_: EventType,
@@ -59,17 +87,12 @@ def event_body(
 ) -> dict[str, Any]:
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     suffix = f".{int(now * 1e9):x}"
+    namespace = involved.get("namespace") or "default"
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": pod.name[: MAX_NAME - len(suffix)] + suffix, "namespace": pod.namespace},
-        "involvedObject": {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "namespace": pod.namespace,
-            "name": pod.name,
-            "uid": pod.uid,
-        },
+        "metadata": {"name": involved["name"][: MAX_NAME - len(suffix)] + suffix, "namespace": namespace},
+        "involvedObject": involved,
         "reason": reason,
         "message": message[:MAX_MESSAGE],
         "type": type_,
@@ -104,41 +127,45 @@ class EventRecorder:
         self.dropped = 0
         self._warnings = RateLimiter(60.0)
 
-    async def emit(self, action: Action) -> bool:
-        """Record an Event for a throttle, restore or eviction of a known pod; True when the server took it."""
-        if action.dry_run:
-            return False
-        pod = self.cache.get(action.workload.pod_uid)
-        if pod is None:
-            return False  # not a pod, or one without metadata: there is no object to attach it to
-        reason, type_, verb = KINDS[action.kind]
-        return await self.record(pod, reason, type_, verb, describe(action))
+    async def emit(self, done: Done, pod_uid: str | None) -> bool:
+        """Record an Event for a lever change: on its pod (``pod_uid``), or on the Node for a group that is not a
+        pod; True when the server took it. A pod without metadata has no object to attach it to."""
+        if pod_uid is None:
+            involved = node_object(self.node)
+        else:
+            pod = self.cache.get(pod_uid)
+            if pod is None:
+                return False
+            involved = pod_object(pod)
+        reason, type_, verb = LEVER_KINDS[(done.change.lever, done.holds_back)]
+        return await self.record(involved, reason, type_, verb, describe_change(done))
 
     async def eviction(self, pod: PodMeta, how: str, context: dict[str, object]) -> bool:
         """The Event of an eviction that went through (recorded by the evictor, which knows the outcome)."""
         gap = context.get("gap")
         gap_text = f"{gap:.4g}" if isinstance(gap, int | float) else "n/a"
         message = f"{context.get('metric', 'unknown metric')}: gap {gap_text}; {context.get('reason', '')}; {how}"
-        reason, type_, verb = KINDS["evict"]
-        return await self.record(pod, reason, type_, verb, message)
+        reason, type_, verb = EVICTED
+        return await self.record(pod_object(pod), reason, type_, verb, message)
 
-    async def record(self, pod: PodMeta, reason: str, type_: EventType, action: str, message: str) -> bool:
+    async def record(self, involved: dict[str, Any], reason: str, type_: EventType, action: str, message: str) -> bool:
         if self.in_flight >= self.max_in_flight:
             self.dropped += 1
             return False
         body = event_body(
-            pod, reason=reason, type_=type_, action=action, message=message, node=self.node, now=self.wall_clock()
+            involved, reason=reason, type_=type_, action=action, message=message, node=self.node, now=self.wall_clock()
         )
         self.in_flight += 1
         try:
-            reply = await self.client.request("POST", f"/api/v1/namespaces/{pod.namespace}/events", body=body)
+            namespace = body["metadata"]["namespace"]
+            reply = await self.client.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
             raise_for(reply, "create event")
         except Exception as exc:  # best effort, whatever went wrong: never the caller's failure
             self.failed += 1
             if self._warnings.allow("event"):
                 log.warning(
                     "cannot record a Kubernetes event",
-                    pod=pod.key,
+                    object=f"{involved['kind']}/{involved['name']}",
                     reason=reason,
                     error=f"{type(exc).__name__}: {exc}",
                     exc_info=not isinstance(exc, KubeError),

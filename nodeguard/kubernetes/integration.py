@@ -3,9 +3,9 @@
 - ``enrich(snapshot)``: in the tick, between sense and plan; no I/O.
 - ``run()``: the metadata refresh, a task of the daemon's TaskGroup.
 - ``evictor(cgroup_evictor)``: the Evictor to give the executor.
-- ``emit(actions, spawn)``: Events for the throttles and restores just
-  carried out, each in its own task (evictions are recorded by the evictor,
-  which knows whether the API took them).
+- ``emit(changes, snapshot, spawn)``: an Event for every lever change just
+  made, each in its own task (evictions are recorded by the evictor, which
+  knows whether the API took them).
 - ``node_labels()``: this node's labels, for a reload.
 
 Connection settings (URLs, token, CA, source) apply from start; a reload
@@ -15,9 +15,10 @@ changes the refresh period, eviction settings and events.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from nodeguard.actuators.changes import Done
 from nodeguard.actuators.evictors import Evictor
 from nodeguard.kubernetes.client import KubeClient
 from nodeguard.kubernetes.events import EventRecorder
@@ -27,18 +28,8 @@ from nodeguard.kubernetes.nodes import api_client, fetch_node_labels
 from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.log import get_logger
 from nodeguard.model.snapshot import Snapshot
-from nodeguard.policy.actions import Action, Restore, Throttle
-from nodeguard.policy.state import HeldThrottle
 
 log = get_logger("nodeguard.kubernetes")
-
-
-def _applied(action: Throttle | Restore, held: Mapping[str, HeldThrottle]) -> bool:
-    now = held.get(action.workload_id)
-    if isinstance(action, Restore) and action.full:
-        return now is None
-    return now is not None and now.quota == action.quota
-
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
@@ -100,27 +91,23 @@ class Kubernetes:
         self._evictors.append(evictor)
         return evictor
 
-    def emit(self, actions: Iterable[Action], spawn: Spawn, held: Mapping[str, HeldThrottle] | None = None) -> None:
-        """An Event per throttle and restore carried out; fire and forget.
-
-        ``held``: the throttles as the executor left them (``state.throttles``
-        after ``carry_out``); a quota write that failed then records no Event.
-        """
+    def emit(self, changes: Iterable[Done], snapshot: Snapshot, spawn: Spawn) -> None:
+        """An Event per lever change made (the executor reports only what the kernel took); fire and forget."""
         if not self.settings.events:
             return
-        for action in actions:
-            if not isinstance(action, Throttle | Restore) or action.dry_run or not action.workload.pod_uid:
-                continue
-            if held is not None and not _applied(action, held):
-                continue
-            spawn(self._emit(action), f"event:{action.kind}:{action.workload_id}")
+        for done in changes:
+            usage = snapshot.workloads.get(done.change.group)
+            if usage is not None and not usage.workload.pod_uid:
+                continue  # a plain host's group: no object to attach it to
+            pod_uid = None if usage is None else usage.workload.pod_uid
+            spawn(self._emit(done, pod_uid), f"event:{done.change.lever}:{done.change.group}")
 
-    async def _emit(self, action: Action) -> None:
+    async def _emit(self, done: Done, pod_uid: str | None) -> None:
         try:
-            await self.recorder.emit(action)
+            await self.recorder.emit(done, pod_uid)
         except Exception as exc:  # best effort: a bug here must not end the daemon's TaskGroup
             self.recorder.failed += 1
-            log.error("recording an event failed", workload=action.workload_id, error=str(exc), exc_info=True)
+            log.error("recording an event failed", group=done.change.group, error=str(exc), exc_info=True)
 
     async def node_labels(self) -> dict[str, str]:
         return await fetch_node_labels(self.api, self.node)

@@ -92,6 +92,7 @@ class Reweigh:
     dry_run: bool
     kind: Literal["reweigh"] = "reweigh"
 
+
 Cause = Literal[
     "missing-sample",  # the circuit breaker: no fresh value for the metric or a candidate
     "confirming",  # past (or below) the line for fewer ticks than triggerAfter (restoreAfter)

@@ -195,9 +195,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    from nodeguard.actuators import levers
     from nodeguard.actuators.cgroup_writer import CgroupWriter
-    from nodeguard.actuators.cpu_quota import QuotaWriter
-    from nodeguard.actuators.cpu_weight import WeightWriter
     from nodeguard.actuators.ledger import Ledger
     from nodeguard.actuators.node_lock import NodeBusy, hold_node
     from nodeguard.actuators.restore import Outcome, restore_all
@@ -209,17 +208,17 @@ def cmd_restore(args: argparse.Namespace) -> int:
     try:
         with hold_node(layout.writable, settings.sensing.proc_root):
             ledger = Ledger.load(path)
-            if not ledger.entries and not ledger.weights:
+            if not ledger:
                 print(f"{path}: nothing to restore")
                 return EXIT_OK
-            writer = CgroupWriter(layout.writable)
-            outcomes = restore_all(ledger, QuotaWriter(writer, layout.version), WeightWriter(writer, layout.version))
+            records = {record.group: record.lever for record in ledger}
+            outcomes = restore_all(ledger, levers.build(CgroupWriter(layout.writable), layout.version))
     except NodeBusy as exc:
         print(f"nodeguard: {exc}; stop it first (SIGTERM restores)", file=sys.stderr)
         return EXIT_INVALID
-    for outcome, workloads in sorted(outcomes.items()):
-        for workload in workloads:
-            print(f"{outcome.value:9} {workload}")
+    for outcome, groups in sorted(outcomes.items()):
+        for group in groups:
+            print(f"{outcome.value:9} {records.get(group, ''):10} {group}")
     return EXIT_INVALID if Outcome.FAILED in outcomes else EXIT_OK
 
 

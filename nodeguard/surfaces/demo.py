@@ -69,23 +69,39 @@ def demo_settings(groups: ScratchCgroups | None, run_dir: str) -> Settings:
     if groups is None:
         workloads = {"groups": [{"match": "system.slice/*", "class": "BestEffort"}]}
     else:
-        workloads = {"groups": [
-            {"match": f"{groups.parent}/batch-*", "class": "BestEffort"},
-            {"match": f"{groups.parent}/important", "class": "Guaranteed", "priority": 1000, "protected": True},
-        ]}
-    return Settings.model_validate({
-        "sensing": {"tickSeconds": TICK, "kubepods": False, "discoverySeconds": 1,
-                    **({"cgroupVersion": groups.version} if groups else {})},
-        "workloads": workloads,
-        "guard": {
-            "objectives": [{"metric": "protected_cpu_stall", "action": "throttle", "threshold": f"{STALL_TARGET_PCT}%",
-                            "restoreBelow": "1%", "triggerAfter": 2, "restoreAfter": 3}],
-            "cooldownTicks": 2,
-        },
-        "actuation": {"ledgerPath": f"{run_dir}/ledger.json", "dryRun": groups is None},
-        "http": {"enabled": False},
-        "gate": {"enabled": False},
-    })
+        workloads = {
+            "groups": [
+                {"match": f"{groups.parent}/batch-*", "class": "BestEffort"},
+                {"match": f"{groups.parent}/important", "class": "Guaranteed", "priority": 1000, "protected": True},
+            ]
+        }
+    return Settings.model_validate(
+        {
+            "sensing": {
+                "tickSeconds": TICK,
+                "kubepods": False,
+                "discoverySeconds": 1,
+                **({"cgroupVersion": groups.version} if groups else {}),
+            },
+            "workloads": workloads,
+            "guard": {
+                "objectives": [
+                    {
+                        "metric": "protected_cpu_stall",
+                        "action": "throttle",
+                        "threshold": f"{STALL_TARGET_PCT}%",
+                        "restoreBelow": "1%",
+                        "triggerAfter": 2,
+                        "restoreAfter": 3,
+                    }
+                ],
+                "cooldownTicks": 2,
+            },
+            "actuation": {"ledgerPath": f"{run_dir}/ledger.json", "dryRun": groups is None},
+            "http": {"enabled": False},
+            "gate": {"enabled": False},
+        }
+    )
 
 
 @dataclass
@@ -137,14 +153,19 @@ def view(snapshot: Snapshot, daemon: Daemon, record: Record, remaining: float, d
     stall = record.stall[-1][1] if record.stall else None
     late = p99(record.lateness_ms(max(0.0, time.monotonic() - record.started - 2.0)))
     head = Text.assemble(
-        ("nodeguard demo", "bold"), f"  {remaining:4.0f}s left", ("  DRY RUN" if dry else "", "yellow"),
+        ("nodeguard demo", "bold"),
+        f"  {remaining:4.0f}s left",
+        ("  DRY RUN" if dry else "", "yellow"),
         "  guard " + ("on" if time.monotonic() - record.started >= record.guard_from else "off (the harm, unguarded)"),
         "\n",
-        "node CPU ", _bar(cores, node.cpus, node.cpus), f" {cores:.2f}/{node.cpus} cores busy\n",
+        "node CPU ",
+        _bar(cores, node.cpus, node.cpus),
+        f" {cores:.2f}/{node.cpus} cores busy\n",
         "important workload: stall ",
         ("-" if stall is None else f"{stall:.1f}%", "red" if (stall or 0.0) > STALL_TARGET_PCT else "green"),
         f" (target {STALL_TARGET_PCT:g}%)   p99 lateness (last 2 s) ",
-        "-" if late is None else f"{late:.1f} ms", " for a 4 ms unit",
+        "-" if late is None else f"{late:.1f} ms",
+        " for a 4 ms unit",
     )
     table = Table(expand=True)
     for column in ("workload", "class", "cores", "quota", "held back by nodeguard"):
@@ -154,8 +175,11 @@ def view(snapshot: Snapshot, daemon: Daemon, record: Record, remaining: float, d
         levers = [name for name, on in (("weight", any(covers(g, wid) for g in daemon.state.lowered)),
                                          ("quota", wid in daemon.state.throttles)) if on]  # fmt: skip
         table.add_row(
-            wid.rsplit("/", 1)[-1], str(usage.workload.qos_class), f"{usage.cores or 0:.2f}",
-            "max" if quota is None else f"{quota:.2f}", ", ".join(levers),
+            wid.rsplit("/", 1)[-1],
+            str(usage.workload.qos_class),
+            f"{usage.cores or 0:.2f}",
+            "max" if quota is None else f"{quota:.2f}",
+            ", ".join(levers),
         )
     return Group(head, table)
 
@@ -167,8 +191,10 @@ def summary(record: Record, groups: ScratchCgroups | None) -> str:
         lines.append("  no protected workload was harmed: nothing to do")
     else:
         took = None if settled is None else settled - first
-        lines.append(f"  first action {first:.1f}s after start; the important workload's stall under "
-                     f"{STALL_TARGET_PCT:g}% " + ("never" if took is None else f"{took:.1f}s later"))
+        lines.append(
+            f"  first action {first:.1f}s after start; the important workload's stall under "
+            f"{STALL_TARGET_PCT:g}% " + ("never" if took is None else f"{took:.1f}s later")
+        )
     lines.append(f"  workloads touched: {len(record.touched)} of {BURNERS if groups else 'the candidates'}")
     if groups is not None and first is not None:
         # Before: from one second in (the burners running) until the guard starts; during: once under target.
@@ -184,8 +210,9 @@ def summary(record: Record, groups: ScratchCgroups | None) -> str:
         def busy(values: list[float]) -> str:
             return f"{statistics.mean(values) / record.cpus:.0%}" if values else "-"
 
-        lines.append(f"  important workload's p99 lateness (4 ms of work every 10 ms): {ms(before)} before, "
-                     f"{ms(during)} during")
+        lines.append(
+            f"  important workload's p99 lateness (4 ms of work every 10 ms): {ms(before)} before, {ms(during)} during"
+        )
         lines.append(f"  node busy: {busy(busy_before)} before, {busy(busy_during)} during")
     lines.append("  every quota restored" + (" and every demo cgroup removed" if groups else ""))
     return "\n".join(lines)
@@ -248,6 +275,10 @@ def _record(record: Record, daemon: Daemon, snapshot: Snapshot) -> None:
         record.touched |= acted
         if record.first_action is None:
             record.first_action = t
-    elif (record.first_action is not None and record.under_after_action is None and stall is not None
-          and stall < STALL_TARGET_PCT):
+    elif (
+        record.first_action is not None
+        and record.under_after_action is None
+        and stall is not None
+        and stall < STALL_TARGET_PCT
+    ):
         record.under_after_action = t

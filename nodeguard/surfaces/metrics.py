@@ -93,15 +93,22 @@ class DaemonCollector(Collector):
             "nodeguard_restore_waterline",
             "Below this (for restoreAfter ticks) throttles are released.",
             ["metric"],
-            {(str(line.metric),): line.restore_below for line in plan.waterlines.values()
-             if line.restore_below is not None},
+            {
+                (str(line.metric),): line.restore_below
+                for line in plan.waterlines.values()
+                if line.restore_below is not None
+            },
         )
         gaps: dict[tuple[str, ...], float] = {}
-        for direction, values in (("down", plan.gaps.throttle_down), ("up", plan.gaps.throttle_up),
-                                  ("evict", plan.gaps.evict)):
+        for direction, values in (
+            ("down", plan.gaps.throttle_down),
+            ("up", plan.gaps.throttle_up),
+            ("evict", plan.gaps.evict),
+        ):
             gaps.update({(str(m), direction): v for m, v in values.items()})
-        yield _gauge("nodeguard_gap", "How far each metric is past its waterline, by direction.",
-                     ["metric", "direction"], gaps)
+        yield _gauge(
+            "nodeguard_gap", "How far each metric is past its waterline, by direction.", ["metric", "direction"], gaps
+        )
         yield _gauge(
             "nodeguard_protected_cpu_stall_ratio",
             "A protected workload's CPU stall over the last tick (runnable, not running, its own throttling "
@@ -115,12 +122,22 @@ class DaemonCollector(Collector):
             [],
             {(): len(daemon.state.lowered)},
         )
+        yield _gauge(
+            "nodeguard_lever_held_groups",
+            "Groups each lever holds back, from the ledger (every registered lever, 0 when it holds none).",
+            ["lever"],
+            {(lever,): count for lever, count in daemon.held.items()},
+        )
         blocked: dict[tuple[str, ...], float] = {}
         for b in plan.blocked:
             key = (str(b.metric), str(b.direction), b.cause)
             blocked[key] = blocked.get(key, 0) + 1
-        yield _gauge("nodeguard_blocked", "Metrics the last plan did not (fully) act on, and why.",
-                     ["metric", "direction", "cause"], blocked)
+        yield _gauge(
+            "nodeguard_blocked",
+            "Metrics the last plan did not (fully) act on, and why.",
+            ["metric", "direction", "cause"],
+            blocked,
+        )
 
     def _workloads(self, daemon: DaemonView) -> Iterator[Metric]:
         snapshot = daemon.last_snapshot
@@ -141,11 +158,13 @@ class DaemonCollector(Collector):
         yield _gauge("nodeguard_workloads", "Workloads watched.", [], {(): len(snapshot.workloads)})
         yield _gauge("nodeguard_workload_cpu_usage_cores", "CPU used by a workload over the last tick.", labels, cores)
         yield _gauge("nodeguard_workload_memory_bytes", "Memory charged to a workload.", labels, memory)
-        yield _gauge("nodeguard_workload_cpu_quota_cores", "A workload's CPU limit (absent when unlimited).",
-                     labels, quota)
+        yield _gauge(
+            "nodeguard_workload_cpu_quota_cores", "A workload's CPU limit (absent when unlimited).", labels, quota
+        )
         throttles = daemon.state.throttles
-        yield _gauge("nodeguard_throttled_workloads", "Workloads whose quota nodeguard holds lowered.", [],
-                     {(): len(throttles)})
+        yield _gauge(
+            "nodeguard_throttled_workloads", "Workloads whose quota nodeguard holds lowered.", [], {(): len(throttles)}
+        )
         yield _gauge(
             "nodeguard_throttle_quota_cores",
             "The quota nodeguard holds on a throttled workload.",
@@ -156,8 +175,10 @@ class DaemonCollector(Collector):
             "nodeguard_throttle_original_quota_cores",
             "A throttled workload's original quota (-1: unlimited).",
             ["workload"],
-            {(wid,): held.original.cores if held.original.cores is not None else -1.0
-             for wid, held in throttles.items()},
+            {
+                (wid,): held.original.cores if held.original.cores is not None else -1.0
+                for wid, held in throttles.items()
+            },
         )
 
     def _actuation(self, daemon: DaemonView) -> Iterator[Metric]:
@@ -170,41 +191,86 @@ class DaemonCollector(Collector):
         )
         writes = daemon.writes
         yield _counter("nodeguard_cgroup_writes_total", "cgroup file writes made.", [], {(): writes.writes})
-        yield _counter("nodeguard_quota_drift_total", "Quotas found changed by someone else and re-asserted.", [],
-                       {(): writes.drift})
-        yield _counter("nodeguard_writes_refused_total", "Writes the single writer refused (path or file checks).",
-                       [], {(): writes.refused})
-        yield _counter("nodeguard_write_errors_total", "cgroup writes the kernel refused, by errno.", ["errno"],
-                       {(name,): n for name, n in writes.errors.items()})
-        yield _counter("nodeguard_action_failures_total", "Actions that failed (write refused, eviction not done).",
-                       [], {(): daemon.failed_actions})
+        yield _counter(
+            "nodeguard_quota_drift_total",
+            "Quotas found changed by someone else and re-asserted.",
+            [],
+            {(): writes.drift},
+        )
+        yield _counter(
+            "nodeguard_writes_refused_total",
+            "Writes the single writer refused (path or file checks).",
+            [],
+            {(): writes.refused},
+        )
+        yield _counter(
+            "nodeguard_write_errors_total",
+            "cgroup writes the kernel refused, by errno.",
+            ["errno"],
+            {(name,): n for name, n in writes.errors.items()},
+        )
+        yield _counter(
+            "nodeguard_action_failures_total",
+            "Actions that failed (write refused, eviction not done).",
+            [],
+            {(): daemon.failed_actions},
+        )
 
     def _daemon(self, daemon: DaemonView) -> Iterator[Metric]:
         yield _counter("nodeguard_ticks_total", "Ticks completed.", [], {(): daemon.ticks})
-        yield _counter("nodeguard_tick_errors_total", "Ticks that failed with an unexpected error.", [],
-                       {(): daemon.tick_errors})
-        yield _counter("nodeguard_workload_reads_skipped_total", "Workload reads that failed and were skipped.", [],
-                       {(): daemon.reads_skipped})
-        yield _counter("nodeguard_config_reloads_total", "SIGHUP reloads by result.", ["result"],
-                       {(k,): v for k, v in daemon.reloads.items()})
+        yield _counter(
+            "nodeguard_tick_errors_total", "Ticks that failed with an unexpected error.", [], {(): daemon.tick_errors}
+        )
+        yield _counter(
+            "nodeguard_workload_reads_skipped_total",
+            "Workload reads that failed and were skipped.",
+            [],
+            {(): daemon.reads_skipped},
+        )
+        yield _counter(
+            "nodeguard_config_reloads_total",
+            "SIGHUP reloads by result.",
+            ["result"],
+            {(k,): v for k, v in daemon.reloads.items()},
+        )
 
     def _gate(self, status: dict[str, Any]) -> Iterator[Metric]:
         counts = status.get("counts") or {}
-        yield _gauge("nodeguard_gate_loads", "Loads in the gate by state.", ["state"],
-                     {(str(state),): float(n) for state, n in counts.items()})
+        yield _gauge(
+            "nodeguard_gate_loads",
+            "Loads in the gate by state.",
+            ["state"],
+            {(str(state),): float(n) for state, n in counts.items()},
+        )
         counters = status.get("counters") or {}
-        yield _counter("nodeguard_gate_events_total", "Gate events (admissions, failures, rejected requests ...).",
-                       ["event"], {(str(k),): float(v) for k, v in counters.items()})
+        yield _counter(
+            "nodeguard_gate_events_total",
+            "Gate events (admissions, failures, rejected requests ...).",
+            ["event"],
+            {(str(k),): float(v) for k, v in counters.items()},
+        )
 
     def _coordination(self, status: dict[str, Any]) -> Iterator[Metric]:
         semaphores = status.get("semaphores") or {}
-        yield _gauge("nodeguard_semaphore_cap", "Cluster-wide cap of the semaphore.", ["semaphore"],
-                     {(name,): float(s.get("cap", 0)) for name, s in semaphores.items()})
+        yield _gauge(
+            "nodeguard_semaphore_cap",
+            "Cluster-wide cap of the semaphore.",
+            ["semaphore"],
+            {(name,): float(s.get("cap", 0)) for name, s in semaphores.items()},
+        )
         for field in ("allotment", "held", "waiting"):
-            yield _gauge(f"nodeguard_semaphore_{field}", f"Cluster semaphore {field} on this node.", ["semaphore"],
-                         {(name,): float(s.get(field, 0)) for name, s in semaphores.items()})
-        yield _counter("nodeguard_semaphore_admissions_total", "Cluster slots granted to loads on this node.",
-                       ["semaphore"], {(name,): float(s.get("admitted", 0)) for name, s in semaphores.items()})
+            yield _gauge(
+                f"nodeguard_semaphore_{field}",
+                f"Cluster semaphore {field} on this node.",
+                ["semaphore"],
+                {(name,): float(s.get(field, 0)) for name, s in semaphores.items()},
+            )
+        yield _counter(
+            "nodeguard_semaphore_admissions_total",
+            "Cluster slots granted to loads on this node.",
+            ["semaphore"],
+            {(name,): float(s.get("admitted", 0)) for name, s in semaphores.items()},
+        )
         members = status.get("members") or {}
         yield _gauge("nodeguard_coordination_members", "Cluster members by state, as the bank's census shows them.",
                      ["state"], {(str(state),): float(n) for state, n in
@@ -214,15 +280,30 @@ class DaemonCollector(Collector):
                      ["member", "state", "semaphore"],
                      {(name, str(m.get("state")), sem): float(n)
                       for name, m in members.items() for sem, n in (m.get("allotment") or {}).items()})  # fmt: skip
-        yield _gauge("nodeguard_coordination_bank", "1 while this node holds the mint (routes slots, changes caps).",
-                     [], {(): 1.0 if status.get("bank") == status.get("node") else 0.0})
+        yield _gauge(
+            "nodeguard_coordination_bank",
+            "1 while this node holds the mint (routes slots, changes caps).",
+            [],
+            {(): 1.0 if status.get("bank") == status.get("node") else 0.0},
+        )
         yield _gauge("nodeguard_semaphore_applied_cap", "Slots in existence (the cap the bank applied).",
                      ["semaphore"], {(name,): float(s["appliedCap"]) for name, s in semaphores.items()
                                      if s.get("appliedCap") is not None})  # fmt: skip
-        yield _gauge("nodeguard_coordination_admitting", "1 while this node may hand out cluster slots (lease valid).",
-                     [], {(): 1.0 if status.get("admitting") else 0.0})
-        yield _gauge("nodeguard_mqtt_connected", "1 while connected to the MQTT broker.", [],
-                     {(): 1.0 if status.get("connected") else 0.0})
-        yield _counter("nodeguard_mqtt_messages_rejected_total", "Malformed or unexpected MQTT messages ignored.", [],
-                       {(): float(sum(v for k, v in (status.get("counters") or {}).items()
-                                      if k.startswith("ignored.")))})
+        yield _gauge(
+            "nodeguard_coordination_admitting",
+            "1 while this node may hand out cluster slots (lease valid).",
+            [],
+            {(): 1.0 if status.get("admitting") else 0.0},
+        )
+        yield _gauge(
+            "nodeguard_mqtt_connected",
+            "1 while connected to the MQTT broker.",
+            [],
+            {(): 1.0 if status.get("connected") else 0.0},
+        )
+        yield _counter(
+            "nodeguard_mqtt_messages_rejected_total",
+            "Malformed or unexpected MQTT messages ignored.",
+            [],
+            {(): float(sum(v for k, v in (status.get("counters") or {}).items() if k.startswith("ignored.")))},
+        )

@@ -62,9 +62,7 @@ def render(status: dict[str, Any]) -> Group:
         "",
     )
     problems = [f"{part}: {problem}" for part, problem in (status.get("health") or {}).items() if problem]
-    head.add_row(
-        "[green]healthy[/]" if not problems else "[red]not ready:[/] " + "; ".join(problems), "", "", ""
-    )
+    head.add_row("[green]healthy[/]" if not problems else "[red]not ready:[/] " + "; ".join(problems), "", "", "")
     waterlines = Table(title="waterlines", expand=True)
     for column in ("metric", "action", "now", "waterline", "restore below", "gap"):
         waterlines.add_column(column)
@@ -75,8 +73,12 @@ def render(status: dict[str, Any]) -> Group:
         gap = (gaps.get("throttle_down" if line["action"] == "throttle" else "evict") or {}).get(metric)
         over = gap is not None
         waterlines.add_row(
-            metric, line["action"], f"[{'red' if over else 'green'}]{_fmt(readings.get(metric))}[/]",
-            _fmt(line["threshold"]), _fmt(line.get("restore_below")), _fmt(gap),
+            metric,
+            line["action"],
+            f"[{'red' if over else 'green'}]{_fmt(readings.get(metric))}[/]",
+            _fmt(line["threshold"]),
+            _fmt(line.get("restore_below")),
+            _fmt(gap),
         )
     throttles = Table(title="throttled workloads", expand=True)
     for column in ("workload", "original", "now", "reason"):

@@ -1,4 +1,4 @@
-"""CPU weights: cgroup v1 ``cpu.shares`` and v2 ``cpu.weight``, through the single writer.
+"""The weight lever: cgroup v1 ``cpu.shares`` and v2 ``cpu.weight``/``cpu.idle``, through the single writer.
 
 The protected_cpu_stall objective's first lever (bench/protect.py): a group's
 weight lowered to the kernel's least keeps it from delaying a protected
@@ -14,14 +14,18 @@ was (15-20 %), while an idle group yields to a waking task at once (4-8 %).
 Setting cpu.idle hides the weight (cpu.weight reads 0; writes to it fail with
 EINVAL, so kubelet cannot rewrite an idle tier), and unsetting it resets the
 weight to 100: a weight goes back by clearing cpu.idle, then writing it.
+
+Its canonical text is the weight as a decimal number, "0" for IDLE.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.errors import CgroupGone, ParseError
+from nodeguard.actuators.levers.base import Version, Write, refusal, writes_back
+from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +41,15 @@ IDLE = 0  # v2: cpu.idle set
 IDLE_FILE = "cpu.idle"
 
 
-class WeightWriter:
+class WeightLever:
+    """A group's CPU weight, lowered to the kernel's least so it yields to a protected workload at once."""
+
+    name = "cpu.weight"
+    noun = "weight"
+
     def __init__(self, writer: CgroupWriter, version: str) -> None:
         self.writer = writer
-        self.version = version
+        self.version: Version = "v2" if version == "v2" else "v1"
         self.file = V2_WEIGHT if version == "v2" else V1_SHARES
         # v2: whether the kernel has cpu.idle; None until a group's files have said.
         self.has_idle: bool | None = None if version == "v2" else False
@@ -50,16 +59,54 @@ class WeightWriter:
         """The value a lowered group gets: IDLE where the kernel has cpu.idle (known after the first read)."""
         return IDLE if self.has_idle else self.file.least
 
-    def file_of(self, value: int) -> str:
+    def least_for(self, group: str) -> int:
+        """``least``, asking the group's files first whether the kernel has cpu.idle, when not known yet."""
+        if self.has_idle is None:
+            self._idle(group)
+        return self.least
+
+    def file_of_value(self, value: int) -> str:
         """The file that holds ``value``: cpu.idle for IDLE, else the weight's."""
         return IDLE_FILE if value == IDLE and self.version == "v2" else self.file.name
 
-    def read(self, group: str) -> int:
+    @staticmethod
+    def files(version: str) -> frozenset[str]:
+        return frozenset({V2_WEIGHT.name, IDLE_FILE} if version == "v2" else {V1_SHARES.name})
+
+    @staticmethod
+    def check(value: str) -> str:
+        number = int(value)  # ValueError for anything else
+        if number != IDLE and not V2_WEIGHT.least <= number <= V1_SHARES.most:
+            raise ValueError(f"weight {number} out of range")
+        return str(number)
+
+    def read(self, group: str) -> str:
+        return str(self.weight(group))
+
+    def weight(self, group: str) -> int:
         """The group's weight, IDLE while its cpu.idle is set."""
         idle = self._idle(group)
         if idle:
             return IDLE
         return self._read_weight(group)
+
+    def plan(self, group: str, target: str, originals: Mapping[str, str]) -> tuple[str, list[Write]]:
+        current = self.read(group)
+        return current, writes_back(current, target, group)
+
+    def perform(self, writes: Sequence[Write], **context: object) -> None:
+        for write in writes:  # one group: a weight has no hierarchy order to keep
+            value = int(write.after)
+            try:
+                self.write(write.path, value, **context)
+            except (OSError, ActuationRefused) as exc:
+                raise refusal(write.path, self.file_of_value(value), exc) from None
+
+    def restricts(self, value: str, than: str) -> bool:
+        return int(value) < int(than)
+
+    def file_of(self, write: Write) -> str:
+        return self.file_of_value(int(write.after))
 
     def write(self, group: str, value: int, **context: object) -> None:
         if value == IDLE:

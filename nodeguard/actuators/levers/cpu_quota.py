@@ -1,4 +1,4 @@
-"""CPU quotas: cgroup v2 ``cpu.max`` and v1 ``cpu.cfs_quota_us``, through the single writer.
+"""The quota lever: cgroup v2 ``cpu.max`` and v1 ``cpu.cfs_quota_us``, through the single writer.
 
 A workload's limit is one file on v2: the kernel takes the tightest limit on
 the path, so a pod's lowered ``cpu.max`` holds whatever its containers say.
@@ -7,17 +7,20 @@ below a child's, so where kubelet gave the containers limits of their own,
 the children are capped at the workload's new limit first (deepest first)
 and the parent written last; raising goes the other way round. Every file so
 changed is returned to the caller, which records it in the ledger first.
+
+Its canonical text is v2's ``cpu.max`` format ("max 100000" for unlimited),
+on v1 too.
 """
 
 from __future__ import annotations
 
-import errno
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.errors import ActuationRefused, CgroupGone, NodeguardError, ParseError
+from nodeguard.actuators.levers.base import Version, Write, note_drift, refusal
+from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import get_logger
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max
@@ -35,17 +38,6 @@ class LimitWrite:
     path: str
     before: CpuMax
     after: CpuMax
-
-
-class LimitRefused(NodeguardError):
-    """The kernel (or the single writer) refused a limit write; nothing of the change is left half done."""
-
-    def __init__(self, path: str, filename: str, error: str, detail: str) -> None:
-        self.path = path
-        self.file = filename
-        self.error = error  # errno name, or the refusal's kind
-        self.detail = detail
-        super().__init__(f"{filename}: {detail} ({error})")
 
 
 def rate_above(limit: CpuMax, other: CpuMax) -> bool:
@@ -103,15 +95,37 @@ def ordered_writes(
     return [*lower, *own, *raise_]
 
 
-class QuotaWriter:
+class QuotaLever:
+    """CFS bandwidth limits of a workload and of the descendants kubelet limited too (v1)."""
+
+    name = "cpu.max"
+    noun = "quota"
+
     def __init__(self, writer: CgroupWriter, version: str) -> None:
         self.writer = writer
-        self.version = version
+        self.version: Version = "v2" if version == "v2" else "v1"
 
-    def read(self, path: str) -> CpuMax:
+    @staticmethod
+    def files(version: str) -> frozenset[str]:
+        return frozenset({"cpu.max"} if version == "v2" else {"cpu.cfs_quota_us", "cpu.cfs_period_us"})
+
+    @staticmethod
+    def check(value: str) -> str:
+        try:
+            return parse_cpu_max(value).render_v2()
+        except ParseError as exc:
+            raise ValueError(str(exc)) from None
+
+    def read(self, group: str) -> str:
+        return self.limit(group).render_v2()
+
+    def limit(self, path: str) -> CpuMax:
         if self.version == "v2":
             return parse_cpu_max(self.writer.read(path, "cpu.max"))
         return parse_cfs_quota(self.writer.read(path, "cpu.cfs_quota_us"), self.writer.read(path, "cpu.cfs_period_us"))
+
+    def restricts(self, value: str, than: str) -> bool:
+        return rate_above(parse_cpu_max(than), parse_cpu_max(value))
 
     def limited_descendants(self, workload_id: str) -> dict[str, CpuMax]:
         """v1: the descendants of a workload that carry a quota of their own (v2 needs none of this)."""
@@ -120,7 +134,7 @@ class QuotaWriter:
         found: dict[str, CpuMax] = {}
         for path in self._descendants(workload_id, DESCENDANT_DEPTH):
             try:
-                limit = self.read(path)
+                limit = self.limit(path)
             except (CgroupGone, OSError, ParseError, ActuationRefused):
                 continue  # a container leaving as we look: nothing of it to cap
             if limit.quota_us is not None:
@@ -140,15 +154,18 @@ class QuotaWriter:
             yield child
             yield from self._descendants(child, depth - 1)
 
-    def plan(
+    def plan(self, group: str, target: str, originals: Mapping[str, str]) -> tuple[str, list[Write]]:
+        """Any limited child not recorded in ``originals`` has its current limit as its original."""
+        current, writes = self.plan_limits(
+            group, parse_cpu_max(target), {p: parse_cpu_max(v) for p, v in originals.items()}
+        )
+        return current.render_v2(), [Write(w.path, w.before.render_v2(), w.after.render_v2()) for w in writes]
+
+    def plan_limits(
         self, workload_id: str, target: CpuMax, originals: Mapping[str, CpuMax] | None = None
     ) -> tuple[CpuMax, list[LimitWrite]]:
-        """(the workload's current limit, the writes that set it to ``target``).
-
-        ``originals`` are the recorded originals of children nodeguard changed
-        before; any other limited child's original is its current limit.
-        """
-        current = self.read(workload_id)
+        """``plan`` in CpuMax: (the workload's current limit, the writes that set it to ``target``)."""
+        current = self.limit(workload_id)
         originals = originals or {}
         children = {
             path: (now, originals.get(path, now)) for path, now in self.limited_descendants(workload_id).items()
@@ -156,19 +173,16 @@ class QuotaWriter:
         # A recorded child that lost its limit (or left) is not ours to touch any more.
         return current, ordered_writes(workload_id, current, target, children)
 
-    def perform(self, writes: list[LimitWrite], **context: object) -> None:
-        """Make the writes in order; on a refusal, undo the ones made (in reverse) and raise LimitRefused.
-
-        CgroupGone passes through: the workload left, and with it every file.
-        """
+    def perform(self, writes: Sequence[Write], **context: object) -> None:
         done: list[LimitWrite] = []
         for write in writes:
+            limit = LimitWrite(write.path, parse_cpu_max(write.before), parse_cpu_max(write.after))
             try:
-                self._write(write.path, write.before, write.after, context)
+                self._write(limit.path, limit.before, limit.after, context)
             except (OSError, ActuationRefused) as exc:
                 self._undo(done)
-                raise refusal(write.path, self._file(write), exc) from None
-            done.append(write)
+                raise refusal(write.path, self._file(limit), exc) from None
+            done.append(limit)
 
     def _undo(self, done: list[LimitWrite]) -> None:
         for write in reversed(done):
@@ -178,28 +192,18 @@ class QuotaWriter:
                 log.error("cannot undo a partial quota change; the ledger keeps it", path=write.path, error=str(exc))
 
     def apply(self, workload_id: str, target: CpuMax, last_applied: CpuMax | None = None, **context: object) -> bool:
-        """Set one workload's limit (and cap its children on v1); False when it already was (nothing written).
-
-        ``last_applied`` is what nodeguard wrote before, if anything: a current
-        value different from it is drift, counted and logged.
-        """
-        current, writes = self.plan(workload_id, target)
+        """Set one workload's limit (and cap its children on v1) outside the ledger (benchmarks, tests); False
+        when it already was. ``last_applied``: what was written before; a current value other than it is drift."""
+        current, writes = self.plan(workload_id, target.render_v2(), {})
         if not writes:
             self.writer.counters.skipped_unchanged += 1
             return False
-        self.perform(writes, **self.note_drift(workload_id, current, last_applied, context))
+        applied = None if last_applied is None else last_applied.render_v2()
+        self.perform(writes, **note_drift(self, workload_id, current, applied, context))
         return True
 
-    def note_drift(
-        self, path: str, current: CpuMax, last_applied: CpuMax | None, context: Mapping[str, object]
-    ) -> dict[str, object]:
-        """Count and log a limit someone else changed since nodeguard wrote it; the context for the write."""
-        if last_applied is None or current == last_applied:
-            return dict(context)
-        self.writer.counters.drift += 1
-        if not self.writer.dry_run:
-            log.warning("quota drift re-asserted", workload=path, found=current.render_v2(), by=context.get("action"))
-        return {**context, "drift_from": current.render_v2()}
+    def file_of(self, write: Write) -> str:
+        return self._file(LimitWrite(write.path, parse_cpu_max(write.before), parse_cpu_max(write.after)))
 
     def _file(self, write: LimitWrite) -> str:
         if self.version == "v2":
@@ -214,15 +218,3 @@ class QuotaWriter:
             self.writer.write(path, "cpu.cfs_period_us", str(target.period_us), **context)
         quota = "-1" if target.quota_us is None else str(target.quota_us)
         return self.writer.write(path, "cpu.cfs_quota_us", quota, **context)
-
-
-def refusal(path: str, filename: str, exc: OSError | ActuationRefused) -> LimitRefused:
-    """A refused write (kernel errno, or the single writer's own refusal) as LimitRefused."""
-    if isinstance(exc, ActuationRefused):
-        return LimitRefused(path, filename, "refused", str(exc))
-    name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    return LimitRefused(path, filename, name, exc.strerror or str(exc))
-
-
-def render(limit: CpuMax) -> str:
-    return limit.render_v2()

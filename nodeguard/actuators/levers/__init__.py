@@ -1,0 +1,27 @@
+"""The levers nodeguard holds workloads back with: one module each, one protocol (``base.Lever``).
+
+Adding a lever means writing its module and adding its class to ``REGISTERED``:
+the writer's allow-list, the ledger's validation, start (restore or adopt),
+stop, ``restore --all``, drift re-assertion, status, metrics and Events all
+iterate over this registry.
+"""
+
+from __future__ import annotations
+
+from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.actuators.levers.base import Lever
+from nodeguard.actuators.levers.cpu_quota import QuotaLever
+from nodeguard.actuators.levers.cpu_weight import WeightLever
+
+REGISTERED: tuple[type[QuotaLever] | type[WeightLever], ...] = (QuotaLever, WeightLever)
+NAMES: tuple[str, ...] = tuple(kind.name for kind in REGISTERED)
+
+
+def lever_files() -> frozenset[str]:
+    """Every file any lever may write, on either cgroup version."""
+    return frozenset().union(*(kind.files(v) for kind in REGISTERED for v in ("v1", "v2")))
+
+
+def build(writer: CgroupWriter, version: str) -> dict[str, Lever]:
+    """One of each registered lever on this hierarchy, by name, in registration order."""
+    return {kind.name: kind(writer, version) for kind in REGISTERED}
