@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter  # noqa: E402
-from nodeguard.actuators.cpu_quota import QuotaWriter  # noqa: E402
+from nodeguard.actuators.levers.cpu_quota import QuotaLever  # noqa: E402
 from nodeguard.config import Settings  # noqa: E402
 from nodeguard.daemon import Daemon  # noqa: E402
 from nodeguard.model.samples import CpuMax  # noqa: E402
@@ -157,7 +157,7 @@ def run_strategy(scene_name: str, name: str) -> dict[str, Any]:
             update={"ledger_path": f"{run_dir}/ledger.json"})})
         daemon = Daemon(settings) if name == "nodeguard" else None
         sensor = daemon.sensor if daemon is not None else Sensor(settings)
-        quota = QuotaWriter(CgroupWriter(sensor.layout.writable), "v2")
+        quota = QuotaLever(CgroupWriter(sensor.layout.writable), "v2")
         waterline = WATERLINE_PCT / 100 * sensor.node.cpus
         cpus = sensor.node.cpus
         quotas: dict[str, CpuMax] = {}

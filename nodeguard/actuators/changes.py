@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from nodeguard.actuators.ledger import Held, Key, Ledger, LedgerUnsaved, LeverRecord, Ownership
-from nodeguard.actuators.levers.base import Lever, Write, WriteRefused, note_drift
+from nodeguard.actuators.levers.base import Lever, Write, WriteRefused, note_drift, refusal
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.policy.actions import Restore, Reweigh, Throttle
 
@@ -116,8 +116,11 @@ class Changer:
                 self.ledger.forget(change.key)
                 results.gone.add(change.key)
                 continue
-            except (OSError, ParseError, ActuationRefused, ValueError) as exc:
-                results.refused[change.key] = WriteRefused(change.group, lever.name, type(exc).__name__, str(exc))
+            except (OSError, ActuationRefused) as exc:
+                results.refused[change.key] = refusal(change.group, lever.main_file, exc)
+                continue
+            except (ParseError, ValueError) as exc:
+                results.refused[change.key] = WriteRefused(change.group, lever.main_file, "unparsable", str(exc))
                 continue
             prepared.append((change, current, writes))
         previous = {change.key: self.ledger.records.get(change.key) for change, _, _ in prepared}

@@ -46,6 +46,9 @@ def adopt_moves(ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: C
             continue  # the common case: nothing to read, nothing to do
         try:
             _adopt(ledger, lever, record, lever.read(record.group) if current is None else current, moves)
+        except CgroupGone:  # the group left (a tier's last pod went): nothing of it to hold or restore
+            ledger.forget(record.key)
+            moves.released.add(record.key)
         except _UNREADABLE:
             continue  # read again next tick
     return moves

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.cpu_weight import IDLE, WeightWriter
-from nodeguard.actuators.ledger import Ledger, WeightRecord
-from nodeguard.actuators.restore import Outcome, restore_weight
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.actuators.levers.cpu_weight import IDLE, WeightLever
+from nodeguard.actuators.restore import Outcome, restore_record
 from tests import realcgroups as rc
+from tests.actuators.records import weight_record
 
 # A Burstable tier's weight as kubelet writes it: three pods requesting 0.1 core (cpu.shares 307, cpu.weight 12).
 ORIGINAL = {"v1": 307, "v2": 12}
@@ -28,28 +29,27 @@ def test_lowered_to_the_least_and_put_back_exactly(hierarchy: rc.Hierarchy, tmp_
     with hierarchy.groups(rel):
         group = hierarchy.writable / rel
         (group / hierarchy.weight_file).write_text(str(ORIGINAL[hierarchy.version]))
-        weights = WeightWriter(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
-        assert weights.read(rel) == ORIGINAL[hierarchy.version]
+        weights = WeightLever(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
+        assert weights.weight(rel) == ORIGINAL[hierarchy.version]
         least = weights.least
         weights.write(rel, least)
         if hierarchy.version == "v2":
             assert least == IDLE
             assert (group / "cpu.idle").read_text().strip() == "1"
-            assert weights.read(rel) == IDLE
+            assert weights.weight(rel) == IDLE
         else:
             assert least == 2
             assert (group / "cpu.shares").read_text().strip() == "2"
-        record = WeightRecord(group=rel, cgroup_version=hierarchy.version, original=ORIGINAL[hierarchy.version],
-                              applied=least)  # fmt: skip
+        record = weight_record(rel, hierarchy.version, ORIGINAL[hierarchy.version], least)
         ledger = Ledger(str(tmp_path / "ledger.json"))
-        ledger.weights[rel] = record
+        ledger.record(record)
         ledger.save()
-        assert Ledger.load(str(tmp_path / "ledger.json")).weights[rel] == record, "the least survives the ledger"
-        assert restore_weight(weights, record) is Outcome.RESTORED
+        assert Ledger.load(str(tmp_path / "ledger.json")).get("cpu.weight", rel) == record, "the least survives"
+        assert restore_record(weights, record) is Outcome.RESTORED
         assert (group / hierarchy.weight_file).read_text().strip() == str(ORIGINAL[hierarchy.version])
         if hierarchy.version == "v2":
             assert (group / "cpu.idle").read_text().strip() == "0"
-        assert restore_weight(weights, record) is Outcome.ALREADY
+        assert restore_record(weights, record) is Outcome.ALREADY
 
 
 @pytest.mark.kernel
@@ -60,14 +60,14 @@ def test_an_idle_group_rewritten_by_kubelet_is_not_idle_afterwards() -> None:
     rel = f"{rc.unique_name()}/tier"
     with hierarchy.groups(rel):
         group = hierarchy.writable / rel
-        weights = WeightWriter(CgroupWriter(str(hierarchy.writable)), "v2")
-        weights.read(rel)
+        weights = WeightLever(CgroupWriter(str(hierarchy.writable)), "v2")
+        weights.weight(rel)
         weights.write(rel, weights.least)
         with pytest.raises(OSError):
             (group / "cpu.weight").write_text("40")
-        assert weights.read(rel) == IDLE
+        assert weights.weight(rel) == IDLE
         (group / "cpu.idle").write_text("0")
-        assert weights.read(rel) == 100
+        assert weights.weight(rel) == 100
 
 
 def test_a_kernel_without_cpu_idle_falls_back_to_the_least_weight(tmp_path: Path) -> None:
@@ -75,8 +75,8 @@ def test_a_kernel_without_cpu_idle_falls_back_to_the_least_weight(tmp_path: Path
     here) is lowered to cpu.weight 1 and read as its weight."""
     (tmp_path / "tier").mkdir()
     (tmp_path / "tier" / "cpu.weight").write_text("7")  # one digit: the writer overwrites in place, as on cgroupfs
-    weights = WeightWriter(CgroupWriter(str(tmp_path)), "v2")
-    assert weights.read("tier") == 7
+    weights = WeightLever(CgroupWriter(str(tmp_path)), "v2")
+    assert weights.weight("tier") == 7
     assert weights.least == 1
     weights.write("tier", weights.least)
     assert (tmp_path / "tier" / "cpu.weight").read_text() == "1"
@@ -90,9 +90,9 @@ def test_a_weight_refused_after_clearing_idle_leaves_the_group_idle_and_recorded
     (tmp_path / "tier").mkdir()
     (tmp_path / "tier" / "cpu.idle").write_text("1")
     (tmp_path / "tier" / "cpu.weight").mkdir()
-    weights = WeightWriter(CgroupWriter(str(tmp_path)), "v2")
-    record = WeightRecord(group="tier", cgroup_version="v2", original=12, applied=IDLE)
-    assert weights.read("tier") == IDLE
-    assert restore_weight(weights, record) is Outcome.FAILED
+    weights = WeightLever(CgroupWriter(str(tmp_path)), "v2")
+    record = weight_record("tier", "v2", 12, IDLE)
+    assert weights.weight("tier") == IDLE
+    assert restore_record(weights, record) is Outcome.FAILED
     assert (tmp_path / "tier" / "cpu.idle").read_text() == "1"
-    assert weights.read("tier") == IDLE and record.is_ours(weights.read("tier"))
+    assert weights.weight("tier") == IDLE and record.is_ours(weights.read("tier"))

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.cpu_quota import QuotaWriter
+from nodeguard.actuators.changes import Change, recorded
 from nodeguard.actuators.evictors import Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
@@ -43,9 +44,16 @@ def full_ledger_dir(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-def executor_for(hierarchy: rc.Hierarchy, ledger: Ledger) -> Executor:
-    return Executor(QuotaWriter(CgroupWriter(str(hierarchy.writable)), hierarchy.version), NoEvictions(), ledger,
-                    lambda coro, name: None)  # fmt: skip
+def executor_for(root: str, version: str, ledger: Ledger) -> Executor:
+    return Executor(levers.build(CgroupWriter(root), version), NoEvictions(), ledger, lambda coro, name: None)
+
+
+def throttle_by_hand(executor: Executor, ledger: Ledger, pod: str, original: CpuMax, to: CpuMax) -> None:
+    """Throttle a pod (and cap its children) as an earlier tick would have, its record in the ledger."""
+    current, writes = executor.quota.plan(pod, to.render_v2(), {})
+    executor.quota.perform(writes)
+    change = Change("cpu.max", pod, to.render_v2(), original.render_v2(), False, "throttle", "cpu_total_usage")
+    ledger.record(recorded(ledger, executor.quota, change, current, writes, pending=False))
 
 
 def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: Path) -> None:
@@ -54,11 +62,9 @@ def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: 
     hierarchy = rc.v1_cpu_hierarchy()
     with rc.kubelet_pod(hierarchy, rc.unique_name(), "burstable", POD_LIMIT) as pod:
         ledger = Ledger.load(str(full_ledger_dir / "ledger.json"))
-        executor = executor_for(hierarchy, ledger)
+        executor = executor_for(str(hierarchy.writable), hierarchy.version, ledger)
         throttled = CpuMax(20000)
-        current, writes = executor.quota.plan(pod.pod, throttled)
-        executor.quota.perform(writes)
-        ledger.record(executor._recorded(pod.pod, current, throttled, writes, "cpu_total_usage", pending=False))
+        throttle_by_hand(executor, ledger, pod.pod, POD_LIMIT, throttled)
         ledger.save()
         with open(full_ledger_dir / "filler", "wb") as filler, contextlib.suppress(OSError):
             filler.write(b"x" * (1 << 20))
@@ -70,7 +76,7 @@ def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: 
         assert not step.full, "the plan asked for one step up"
         carried = executor.carry_out(result, state, calm)
         assert hierarchy.limit(pod.pod) == POD_LIMIT and hierarchy.limit(pod.container) == POD_LIMIT
-        assert pod.pod not in carried.state.throttles and pod.pod not in ledger.entries
+        assert pod.pod not in carried.state.throttles and pod.pod not in ledger.of("cpu.max")
 
 
 def test_throttles_withheld_on_a_full_disk_leave_the_state_and_kernel_as_they_were(full_ledger_dir: Path) -> None:
@@ -80,12 +86,12 @@ def test_throttles_withheld_on_a_full_disk_leave_the_state_and_kernel_as_they_we
         with open(full_ledger_dir / "filler", "wb") as filler, contextlib.suppress(OSError):
             filler.write(b"x" * (1 << 20))
         ledger = Ledger.load(str(full_ledger_dir / "ledger.json"))
-        executor = executor_for(hierarchy, ledger)
+        executor = executor_for(str(hierarchy.writable), hierarchy.version, ledger)
         busy = snapshot([usage(pod.pod, cores=1.0, cpu_max=POD_LIMIT)], cpus=2, cores_used=1.9)
         result = plan(busy, GuardState(), guard(cpu_throttle(1.4, 1.0)))
         assert [a for a in result.actions if isinstance(a, Throttle)]
         carried = executor.carry_out(result, GuardState(), busy)
-        assert carried.state.throttles == {} and ledger.entries == {}
+        assert carried.state.throttles == {} and not ledger
         assert hierarchy.limit(pod.pod) == POD_LIMIT and hierarchy.limit(pod.container) == POD_LIMIT
         assert executor.counters.withheld == 1
 
@@ -96,11 +102,9 @@ def test_a_resize_behind_a_throttle_becomes_the_original(tmp_path: Path) -> None
     hierarchy = rc.v1_cpu_hierarchy()
     with rc.kubelet_pod(hierarchy, rc.unique_name(), "burstable", POD_LIMIT) as pod:
         ledger = Ledger.load(str(tmp_path / "ledger.json"))
-        executor = executor_for(hierarchy, ledger)
+        executor = executor_for(str(hierarchy.writable), hierarchy.version, ledger)
         throttled = CpuMax(30000)
-        current, writes = executor.quota.plan(pod.pod, throttled)
-        executor.quota.perform(writes)
-        ledger.record(executor._recorded(pod.pod, current, throttled, writes, "cpu_total_usage", pending=False))
+        throttle_by_hand(executor, ledger, pod.pod, POD_LIMIT, throttled)
         held = HeldThrottle(pod.pod, POD_LIMIT, throttled, frozenset({Metric.CPU_TOTAL_USAGE}), 0.0)
         state = GuardState(throttles={pod.pod: held})
         hierarchy.set_limit(pod.pod, CpuMax(120000))  # the resize, as kubelet writes the pod
@@ -109,7 +113,7 @@ def test_a_resize_behind_a_throttle_becomes_the_original(tmp_path: Path) -> None
         state = executor.adopt_moves(seen, state)  # as the daemon does before planning
         carried = executor.carry_out(plan(seen, state, idle), state, seen)
         assert carried.state.throttles[pod.pod].original == CpuMax(120000)
-        assert ledger.entries[pod.pod].original_limit == CpuMax(120000)
+        assert ledger.of("cpu.max")[pod.pod].original == CpuMax(120000).render_v2()
         kept = hierarchy.limit(pod.pod)
         assert kept.quota_us is not None and kept.quota_us < 120000, "the throttle is kept under the new limit"
         assert carried.state.throttles[pod.pod].quota == kept
@@ -120,7 +124,7 @@ def test_a_resize_behind_a_throttle_becomes_the_original(tmp_path: Path) -> None
         seen = snapshot([usage(pod.pod, cores=0.2, cpu_max=CpuMax(20000))], cpus=2, cores_used=1.0)
         state = executor.adopt_moves(seen, carried.state)
         carried = executor.carry_out(plan(seen, state, idle), state, seen)
-        assert pod.pod not in carried.state.throttles and pod.pod not in ledger.entries
+        assert pod.pod not in carried.state.throttles and pod.pod not in ledger.of("cpu.max")
         assert hierarchy.limit(pod.pod) == CpuMax(20000)
 
 
@@ -130,12 +134,12 @@ def test_a_ledger_entry_is_written_before_the_kernel_file(tmp_path: Path) -> Non
     with rc.kubelet_pod(hierarchy, rc.unique_name(), "burstable", POD_LIMIT) as pod:
         path = tmp_path / "ledger.json"
         ledger = Ledger.load(str(path))
-        executor = executor_for(hierarchy, ledger)
+        executor = executor_for(str(hierarchy.writable), hierarchy.version, ledger)
         seen_on_disk: list[set[str]] = []
         write = executor.quota.writer.write
 
         def spy(workload_id: str, filename: str, value: str, **context: object) -> bool:
-            on_disk = Ledger.load(str(path)).entries
+            on_disk = Ledger.load(str(path)).of("cpu.max")
             seen_on_disk.append(set(on_disk) | {c for e in on_disk.values() for c in e.children})
             assert workload_id in seen_on_disk[-1], f"{workload_id} written before the ledger knew it"
             return write(workload_id, filename, value, **context)
@@ -152,18 +156,18 @@ def test_a_refused_weight_is_held_back_and_leaves_no_ledger_record(tmp_path: Pat
     root = tmp_path / "cpu"
     (root / "kp/burstable/cpu.shares").mkdir(parents=True)  # reading or writing it fails with EISDIR
     ledger = Ledger(str(tmp_path / "run/ledger.json"))
-    executor = Executor(QuotaWriter(CgroupWriter(str(root)), "v1"), NoEvictions(), ledger, lambda coro, name: None)
+    executor = executor_for(str(root), "v1", ledger)
     stalled = usage("kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=0.3, starved=0.0)
     burner = usage("kp/burstable/pod0", qos=QosClass.BURSTABLE, cores=1.0, waiting=0.9)
     objective = {"metric": "protected_cpu_stall", "threshold": "5%", "restoreBelow": "1%", "action": "throttle",
                  "triggerAfter": 1}  # fmt: skip
     p = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), guard(objective))
     assert [r.group for r in p.reweighs] == ["kp/burstable"]
-    state = executor.reweigh(p, p.state)
-    assert state.lowered == {}
+    state, done = executor.reweigh(p, p.state)
+    assert state.lowered == {} and done == []
     hold = state.held_back["kp/burstable"]
     assert (hold.error, hold.file) == ("EISDIR", "cpu.shares") and hold.until > p.monotonic
-    assert ledger.weights == {}
+    assert not ledger
     assert executor.counters.failed == 1
 
 
@@ -174,8 +178,7 @@ def test_a_lowered_group_that_vanishes_leaves_the_ledger_and_the_state(tmp_path:
     name = rc.unique_name()
     tier = f"{name}/kp/burstable"
     ledger = Ledger(str(tmp_path / "run/ledger.json"))
-    executor = Executor(QuotaWriter(CgroupWriter(str(hierarchy.writable)), "v1"), NoEvictions(), ledger,
-                        lambda coro, name: None)  # fmt: skip
+    executor = executor_for(str(hierarchy.writable), "v1", ledger)
     stalled = usage(f"{name}/kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=0.3, starved=0.0)
     burner = usage(f"{tier}/pod0", qos=QosClass.BURSTABLE, cores=1.0, waiting=0.9)
     objective = {"metric": "protected_cpu_stall", "threshold": "5%", "restoreBelow": "1%", "action": "throttle",
@@ -183,10 +186,13 @@ def test_a_lowered_group_that_vanishes_leaves_the_ledger_and_the_state(tmp_path:
     with hierarchy.groups(tier):
         hierarchy.set_shares(tier, 307)
         p = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), guard(objective))
-        state = executor.reweigh(p, p.state)
-        assert hierarchy.weight(tier) == 2 and tier in state.lowered and tier in ledger.weights
-    nothing = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0, monotonic=101.0), state, guard(objective))
+        state, done = executor.reweigh(p, p.state)
+        assert [(d.before, d.after, d.holds_back) for d in done] == [("307", "2", True)]
+        assert hierarchy.weight(tier) == 2 and tier in state.lowered and tier in ledger.of("cpu.weight")
+    seen = snapshot([stalled, burner], cpus=2, cores_used=2.0, monotonic=101.0)
+    nothing = plan(seen, state, guard(objective))
     assert nothing.reweighs == ()
-    after = executor.reweigh(nothing, state)
-    assert after.lowered == {} and ledger.weights == {}
-    assert Ledger.load(str(tmp_path / "run/ledger.json")).weights == {}, "saved without it"
+    carried = executor.carry_out(nothing, state, seen)
+    after, _ = executor.reweigh(nothing, carried.state)
+    assert after.lowered == {} and not ledger
+    assert not Ledger.load(str(tmp_path / "run/ledger.json")), "saved without it"

@@ -12,53 +12,90 @@ from pathlib import Path
 
 import pytest
 
-from nodeguard.actuators.ledger import Ledger, LedgerEntry, LedgerUnsaved, LimitRecord, Ownership, entry
+from nodeguard.actuators.ledger import Held, Ledger, LedgerUnsaved, Ownership
 from nodeguard.actuators.node_lock import NodeBusy, hold_node
 from nodeguard.model.samples import CpuMax
+from tests.actuators.records import quota_record, weight_record
 
 UNLIMITED = CpuMax(None)
+VERSION_1 = Path(__file__).parent / "data" / "ledger-v1.json"  # written by nodeguard 0.1.0's Ledger.save
 
 
-def good(workload: str, original: str = "max 100000", applied: str = "20000 100000") -> dict[str, object]:
-    return {"workload_id": workload, "cgroup_version": "v2", "original": original, "applied": applied,
-            "reason": "cpu_total_usage", "changed_at": 1.0}
+def good(group: str, original: str = "max 100000", applied: str = "20000 100000") -> dict[str, object]:
+    return {
+        "lever": "cpu.max",
+        "group": group,
+        "cgroup_version": "v2",
+        "original": original,
+        "applied": applied,
+        "reason": "cpu_total_usage",
+        "changed_at": 1.0,
+    }
 
 
 def test_round_trip_and_first_original_wins(tmp_path: Path) -> None:
-    """Saved entries load back; re-throttling keeps the very first original, of the workload and its children."""
+    """Saved records load back; re-throttling keeps the very first original, of the workload and its children."""
     path = str(tmp_path / "run/ledger.json")
     ledger = Ledger.load(path)
-    child = {"a/c": LimitRecord(original="150000 100000", applied="50000 100000")}
-    ledger.record(entry("a", "v1", UNLIMITED, CpuMax(50000), "r", children=child))
-    lower = {"a/c": LimitRecord(original="50000 100000", applied="20000 100000")}
-    ledger.record(entry("a", "v1", CpuMax(50000), CpuMax(20000), "r", children=lower))
-    ledger.record(entry("b", "v1", CpuMax(80000), CpuMax(20000), "r"))
+    child = {"a/c": Held(original="150000 100000", applied="50000 100000")}
+    ledger.record(quota_record("a", "v1", UNLIMITED, CpuMax(50000), "r", children=child))
+    lower = {"a/c": Held(original="50000 100000", applied="20000 100000")}
+    ledger.record(quota_record("a", "v1", CpuMax(50000), CpuMax(20000), "r", children=lower))
+    ledger.record(quota_record("b", "v1", CpuMax(80000), CpuMax(20000), "r"))
+    ledger.record(weight_record("a", "v1", 1024, 2))  # the same group, another lever: its own record
     ledger.save()
     again = Ledger.load(path)
-    assert again.entries["a"].original == "max 100000"
-    assert again.entries["a"].applied == "20000 100000"
-    assert again.entries["a"].children["a/c"] == LimitRecord(original="150000 100000", applied="20000 100000")
-    assert set(again.entries) == {"a", "b"}
-    assert [p.name for p in (tmp_path / "run").iterdir()] == ["ledger.json"], "temporary files are renamed, not left behind"
+    quotas = again.of("cpu.max")
+    assert quotas["a"].original == "max 100000"
+    assert quotas["a"].applied == "20000 100000"
+    assert quotas["a"].children["a/c"] == Held(original="150000 100000", applied="20000 100000")
+    assert set(quotas) == {"a", "b"}
+    assert again.get("cpu.weight", "a") == weight_record("a", "v1", 1024, 2)
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["ledger.json"], (
+        "temporary files are renamed, not left behind"
+    )
+
+
+def test_a_version_1_ledger_is_read_as_every_lever_and_written_as_version_2(tmp_path: Path) -> None:
+    """The ledger of the previous version (quotas under entries, weights under weights, weights as numbers) loads
+    whole — quota children, pending values and lowered weights — and is written back as version 2."""
+    path = tmp_path / "ledger.json"
+    path.write_bytes(VERSION_1.read_bytes())
+    ledger = Ledger.load(str(path))
+    assert ledger.rejected is None and ledger.set_aside is None
+    quotas, weights = ledger.of("cpu.max"), ledger.of("cpu.weight")
+    pod = quotas["kubepods/burstable/podaaaa"]
+    assert (pod.original, pod.applied, pod.cgroup_version) == ("150000 100000", "30000 100000", "v1")
+    assert pod.children == {"kubepods/burstable/podaaaa/c1": Held("150000 100000", "30000 100000")}
+    assert quotas["kubepods/besteffort/podbbbb"].pending == "10000 100000"
+    assert {g: (w.original, w.applied) for g, w in weights.items()} == {
+        "kubepods/besteffort": ("2", "2"),
+        "kubepods/burstable": ("1228", "2"),
+    }
+    ledger.save()
+    written = json.loads(path.read_text())
+    assert written["version"] == 2 and {r["lever"] for r in written["records"]} == {"cpu.max", "cpu.weight"}
+    assert Ledger.load(str(path)).records == ledger.records
 
 
 def test_an_entry_without_children_reads_as_before(tmp_path: Path) -> None:
-    """A ledger written before children existed loads unchanged, and is written back in the same shape."""
+    """A record without children loads with none, and is written back without the key."""
     path = tmp_path / "ledger.json"
-    path.write_text(json.dumps({"version": 1, "entries": [good("a")]}))
+    path.write_text(json.dumps({"version": 2, "records": [good("a")]}))
     ledger = Ledger.load(str(path))
-    assert ledger.entries["a"].children == {} and ledger.rejected is None
+    assert ledger.of("cpu.max")["a"].children == {} and ledger.rejected is None
     ledger.save()
-    assert "children" not in json.loads(path.read_text())["entries"][0]
+    assert "children" not in json.loads(path.read_text())["records"][0]
 
 
 @pytest.mark.parametrize(
     "content",
     [
         b"{not json",
-        json.dumps({"version": 99, "entries": []}).encode(),
+        json.dumps({"version": 99, "records": []}).encode(),
+        json.dumps({"version": 2, "records": {"a": 1}}).encode(),
         json.dumps({"version": 1, "entries": {"a": 1}}).encode(),
-        b'{"version": 1, "entries": [\xff\xfe]}',  # not UTF-8
+        b'{"version": 2, "records": [\xff\xfe]}',  # not UTF-8
         b"[" * 100_000,  # nested past the parser's recursion limit
     ],
 )
@@ -67,7 +104,7 @@ def test_unreadable_ledger_is_kept_aside(tmp_path: Path, content: bytes) -> None
     path = tmp_path / "ledger.json"
     path.write_bytes(content)
     ledger = Ledger.load(str(path))
-    assert ledger.entries == {}
+    assert not ledger
     assert ledger.set_aside is not None and Path(ledger.set_aside).read_bytes() == content
     assert not path.exists()
 
@@ -79,43 +116,56 @@ def test_unreadable_ledger_is_kept_aside(tmp_path: Path, content: bytes) -> None
         {**good("bad"), "applied": "1 0"},
         {**good("bad"), "changed_at": "yesterday"},
         {**good("bad"), "cgroup_version": "v3"},
+        {**good("bad"), "lever": "memory.low"},
+        {**good("bad"), "lever": "cpu.weight"},  # a quota's values are no weight
+        {**good("bad"), "group": ""},
         {**good("bad"), "children": {"bad/c": {"original": "nope", "applied": "1000 100000"}}},
         {"x": 1},
         "not an object",
-        good("a"),  # a duplicate of a good entry
+        good("a"),  # a duplicate of a good record
     ],
 )
 def test_a_bad_entry_is_set_aside_alone(tmp_path: Path, bad: object) -> None:
-    """One entry that fails its checks goes to a side file; every good entry is kept, to be restored."""
+    """One record that fails its checks goes to a side file; every good record is kept, to be restored."""
     path = tmp_path / "ledger.json"
-    path.write_text(json.dumps({"version": 1, "entries": [good("a"), bad, good("b", original="150000 100000")]}))
+    path.write_text(json.dumps({"version": 2, "records": [good("a"), bad, good("b", original="150000 100000")]}))
     ledger = Ledger.load(str(path))
-    assert set(ledger.entries) == {"a", "b"}
-    assert ledger.entries["b"].original_limit == CpuMax(150000)
+    assert set(ledger.of("cpu.max")) == {"a", "b"} and len(ledger.records) == 2
+    assert ledger.of("cpu.max")["b"].original == "150000 100000"
     assert ledger.set_aside is None and ledger.rejected is not None
-    assert json.loads(Path(ledger.rejected).read_text())["entries"] == [bad], "the rejected entry is kept, not lost"
+    assert json.loads(Path(ledger.rejected).read_text())["records"] == [bad], "the rejected record is kept, not lost"
+
+
+def test_a_bad_version_1_weight_is_set_aside_alone(tmp_path: Path) -> None:
+    """In a version 1 ledger too, a weight out of range is set aside and the quota entries are kept."""
+    path = tmp_path / "ledger.json"
+    entry = {k: v for k, v in good("a").items() if k not in ("lever", "group")} | {"workload_id": "a"}
+    weight = {"group": "t", "cgroup_version": "v1", "original": -5, "applied": 2}
+    path.write_text(json.dumps({"version": 1, "entries": [entry], "weights": [weight]}))
+    ledger = Ledger.load(str(path))
+    assert set(ledger.records) == {("cpu.max", "a")} and ledger.rejected is not None
 
 
 def test_ledger_behind_a_symlink_or_a_fifo_is_not_followed(tmp_path: Path) -> None:
     """A symlink planted at the ledger path is not followed, and a FIFO there does not hang the load."""
     target = tmp_path / "elsewhere.json"
-    target.write_text(json.dumps({"version": 1, "entries": [good("a")]}))
+    target.write_text(json.dumps({"version": 2, "records": [good("a")]}))
     link = tmp_path / "ledger.json"
     link.symlink_to(target)
     ledger = Ledger.load(str(link))
-    assert ledger.entries == {} and ledger.set_aside == str(link)
+    assert not ledger and ledger.set_aside == str(link)
     fifo = tmp_path / "fifo.json"
     os.mkfifo(fifo)
-    assert Ledger.load(str(fifo)).entries == {}
+    assert not Ledger.load(str(fifo))
 
 
 def test_ownership_tells_ours_from_a_reset_and_a_resize() -> None:
-    """The recorded values tell nodeguard's own limit, the original put back, and a new limit apart."""
-    record = LimitRecord(original="150000 100000", applied="50000 100000", pending="40000 100000")
-    assert record.ownership(CpuMax(50000)) is Ownership.OURS
-    assert record.ownership(CpuMax(40000)) is Ownership.OURS
-    assert record.ownership(CpuMax(150000)) is Ownership.ORIGINAL
-    assert record.ownership(CpuMax(120000)) is Ownership.MOVED
+    """The recorded values tell nodeguard's own value, the original put back, and a new value apart."""
+    record = Held(original="150000 100000", applied="50000 100000", pending="40000 100000")
+    assert record.ownership("50000 100000") is Ownership.OURS
+    assert record.ownership("40000 100000") is Ownership.OURS
+    assert record.ownership("150000 100000") is Ownership.ORIGINAL
+    assert record.ownership("120000 100000") is Ownership.MOVED
 
 
 @pytest.fixture
@@ -137,11 +187,11 @@ def full_tmpfs(tmp_path: Path) -> Iterator[Path]:
 def test_a_full_filesystem_raises_a_clear_error_and_keeps_memory(full_tmpfs: Path) -> None:
     """Saving onto a full filesystem names the file and errno; the in-memory entries stay as they were."""
     ledger = Ledger(str(full_tmpfs / "ledger.json"))
-    ledger.record(LedgerEntry(original="max 100000", applied="1000 100000", workload_id="a"))
+    ledger.record(quota_record("a", "v2", UNLIMITED, CpuMax(1000)))
     with pytest.raises(LedgerUnsaved) as raised:
         ledger.save()
     assert raised.value.errno_name == "ENOSPC" and str(full_tmpfs / "ledger.json") in str(raised.value)
-    assert set(ledger.entries) == {"a"}
+    assert set(ledger.records) == {("cpu.max", "a")}
     assert sorted(p.name for p in full_tmpfs.iterdir()) == ["filler"], "no temporary file left behind"
 
 

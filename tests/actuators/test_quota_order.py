@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodeguard.actuators.cpu_quota import LimitWrite, capped, ordered_writes, rate_above
+from nodeguard.actuators.levers.cpu_quota import LimitWrite, capped, ordered_writes, rate_above
 from nodeguard.model.samples import CpuMax
 
 POD = "kubepods/burstable/pod1"

@@ -11,12 +11,13 @@ import pytest
 from structlog.testing import capture_logs
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.cpu_quota import QuotaWriter
-from nodeguard.actuators.ledger import Ledger, entry
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import V1Reader, V2Reader
 from tests import realcgroups as rc
+from tests.actuators.records import quota_record
 
 
 @dataclass
@@ -72,14 +73,14 @@ def env(request: pytest.FixtureRequest) -> Iterator[QuotaEnv]:
 
 def test_apply_enforces_and_skips_unchanged(env: QuotaEnv) -> None:
     """A written quota really limits a busy process; writing the same value again writes nothing."""
-    quota = QuotaWriter(CgroupWriter(str(env.root)), env.version)
-    assert quota.read(env.name) == CpuMax(None, 100000)
+    quota = QuotaLever(CgroupWriter(str(env.root)), env.version)
+    assert quota.limit(env.name) == CpuMax(None, 100000)
     busy = rc.start_busy(*env.dirs)
     try:
         assert quota.apply(env.name, CpuMax(25000, 100000)) is True
         assert quota.apply(env.name, CpuMax(25000, 100000)) is False
         assert quota.writer.counters.skipped_unchanged == 1
-        assert quota.read(env.name) == CpuMax(25000, 100000)
+        assert quota.limit(env.name) == CpuMax(25000, 100000)
         assert env.cores(1.0) == pytest.approx(0.25, abs=0.05)
     finally:
         rc.stop(busy)
@@ -87,47 +88,47 @@ def test_apply_enforces_and_skips_unchanged(env: QuotaEnv) -> None:
 
 def test_drift_is_counted_and_reasserted(env: QuotaEnv) -> None:
     """A quota changed behind nodeguard's back is drift: counted, and nodeguard's value written again."""
-    quota = QuotaWriter(CgroupWriter(str(env.root)), env.version)
+    quota = QuotaLever(CgroupWriter(str(env.root)), env.version)
     mine = CpuMax(30000, 100000)
     quota.apply(env.name, mine)
     env.behind_the_back(CpuMax(None, 100000))
     assert quota.apply(env.name, mine, last_applied=mine) is True
     assert quota.writer.counters.drift == 1
-    assert quota.read(env.name) == mine
+    assert quota.limit(env.name) == mine
 
 
 def test_drift_found_by_a_planned_change_is_reported_too(env: QuotaEnv) -> None:
     """A throttle that lands on a quota someone reset reports the drift, as the tick's re-assertion would have."""
-    quota = QuotaWriter(CgroupWriter(str(env.root)), env.version)
+    quota = QuotaLever(CgroupWriter(str(env.root)), env.version)
     mine, deeper = CpuMax(30000, 100000), CpuMax(20000, 100000)
     quota.apply(env.name, mine)
     env.behind_the_back(CpuMax(None, 100000))
     with capture_logs() as logs:
         assert quota.apply(env.name, deeper, last_applied=mine, action="throttle") is True
     drift = [e for e in logs if e["event"] == "quota drift re-asserted"]
-    assert drift == [{"event": "quota drift re-asserted", "workload": env.name, "found": "max 100000",
+    assert drift == [{"event": "quota drift re-asserted", "group": env.name, "found": "max 100000",
                       "by": "throttle", "log_level": "warning"}]  # fmt: skip
     assert quota.writer.counters.drift == 1
-    assert quota.read(env.name) == deeper
+    assert quota.limit(env.name) == deeper
 
 
 def test_restore_all_puts_originals_back_and_keeps_others_changes(env: QuotaEnv, tmp_path: Path) -> None:
     """restore_all writes the exact original where nodeguard's value is still there, and leaves a changed one."""
-    quota = QuotaWriter(CgroupWriter(str(env.root)), env.version)
+    quota = QuotaLever(CgroupWriter(str(env.root)), env.version)
     original = CpuMax(70000, 100000)
     env.behind_the_back(original)
     applied = CpuMax(20000, 100000)
     quota.apply(env.name, applied)
     ledger = Ledger(str(tmp_path / "ledger.json"))
-    ledger.record(entry(env.name, env.version, original, applied, "test"))
-    ledger.record(entry(env.name + "-left", env.version, original, applied, "test"))
-    outcomes = restore_all(ledger, quota)
+    ledger.record(quota_record(env.name, env.version, original, applied, "test"))
+    ledger.record(quota_record(env.name + "-left", env.version, original, applied, "test"))
+    outcomes = restore_all(ledger, {"cpu.max": quota})
     assert outcomes == {Outcome.RESTORED: [env.name], Outcome.GONE: [env.name + "-left"]}
-    assert quota.read(env.name) == original
-    assert ledger.entries == {} and Ledger.load(ledger.path).entries == {}
+    assert quota.limit(env.name) == original
+    assert not ledger and not Ledger.load(ledger.path)
 
     quota.apply(env.name, applied)
-    ledger.record(entry(env.name, env.version, original, applied, "test"))
+    ledger.record(quota_record(env.name, env.version, original, applied, "test"))
     env.behind_the_back(CpuMax(90000, 100000))  # e.g. the kubelet resized the pod
-    assert restore_all(ledger, quota) == {Outcome.CHANGED: [env.name]}
-    assert quota.read(env.name) == CpuMax(90000, 100000)
+    assert restore_all(ledger, {"cpu.max": quota}) == {Outcome.CHANGED: [env.name]}
+    assert quota.limit(env.name) == CpuMax(90000, 100000)

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.cpu_quota import LimitRefused, QuotaWriter
-from nodeguard.actuators.ledger import Ledger, LimitRecord, entry
+from nodeguard.actuators.ledger import Held, Ledger
+from nodeguard.actuators.levers.base import WriteRefused
+from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.model.samples import CpuMax
-from nodeguard.sources.cgroupfs import parse_cpu_stat_v1
+from nodeguard.sources.cgroupfs import parse_cpu_max, parse_cpu_stat_v1
 from tests import realcgroups as rc
+from tests.actuators.records import quota_record
 
 KUBELET_LIMIT = CpuMax(150000, 100000)  # 1.5 cores at the pod and the container
 THROTTLE = CpuMax(30000, 100000)
@@ -54,11 +56,11 @@ def test_pod_with_container_limits_is_throttled_and_restored_exactly(
     hierarchy: rc.Hierarchy, pod: rc.KubeletPod, tmp_path: Path
 ) -> None:
     """The pod's lowered limit is accepted and enforced; restore puts the pod's and the container's limits back."""
-    quota = QuotaWriter(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
+    quota = QuotaLever(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
     busy = pod.start_busy()
     try:
-        current, writes = quota.plan(pod.pod, THROTTLE)
-        children = {w.path: LimitRecord(original=w.before.render_v2(), applied=w.after.render_v2())
+        current, writes = quota.plan(pod.pod, THROTTLE.render_v2(), {})
+        children = {w.path: Held(original=w.before, applied=w.after)
                     for w in writes if w.path != pod.pod}  # fmt: skip
         quota.perform(writes)
         assert hierarchy.limit(pod.pod) == THROTTLE
@@ -71,8 +73,10 @@ def test_pod_with_container_limits_is_throttled_and_restored_exactly(
         assert 0.2 < cores(hierarchy, pod.pod, 1.0) < 0.4, "the kernel enforces the pod's new limit"
 
         ledger = Ledger(str(tmp_path / "ledger.json"))
-        ledger.record(entry(pod.pod, hierarchy.version, current, THROTTLE, "test", children=children))  # type: ignore[arg-type]
-        assert restore_all(ledger, quota) == {Outcome.RESTORED: [pod.pod]}
+        ledger.record(
+            quota_record(pod.pod, hierarchy.version, parse_cpu_max(current), THROTTLE, "test", children=children)
+        )
+        assert restore_all(ledger, {"cpu.max": quota}) == {Outcome.RESTORED: [pod.pod]}
         assert hierarchy.limit(pod.pod) == KUBELET_LIMIT
         assert hierarchy.limit(pod.container) == KUBELET_LIMIT
         assert hierarchy.limit(pod.inner) == CpuMax(None), "a child without a limit is never touched"
@@ -91,15 +95,15 @@ def v1_pod() -> Iterator[rc.KubeletPod]:
 def test_a_child_resized_behind_nodeguard_keeps_its_new_limit_on_restore(v1_pod: rc.KubeletPod, tmp_path: Path) -> None:
     """A container limit changed by someone else since nodeguard capped it is theirs: restore leaves it."""
     pod, hierarchy = v1_pod, v1_pod.hierarchy
-    quota = QuotaWriter(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
-    current, writes = quota.plan(pod.pod, THROTTLE)
+    quota = QuotaLever(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
+    current, writes = quota.plan(pod.pod, THROTTLE.render_v2(), {})
     quota.perform(writes)
     ledger = Ledger(str(tmp_path / "ledger.json"))
-    children = {pod.container: LimitRecord(original=KUBELET_LIMIT.render_v2(), applied=THROTTLE.render_v2())}
-    ledger.record(entry(pod.pod, "v1", current, THROTTLE, "test", children=children))
+    children = {pod.container: Held(original=KUBELET_LIMIT.render_v2(), applied=THROTTLE.render_v2())}
+    ledger.record(quota_record(pod.pod, "v1", parse_cpu_max(current), THROTTLE, "test", children=children))
     resized = CpuMax(20000, 100000)
     hierarchy.set_limit(pod.container, resized)  # under the pod's limit: v1 accepts it
-    assert restore_all(ledger, quota) == {Outcome.RESTORED: [pod.pod]}
+    assert restore_all(ledger, {"cpu.max": quota}) == {Outcome.RESTORED: [pod.pod]}
     assert hierarchy.limit(pod.pod) == KUBELET_LIMIT
     assert hierarchy.limit(pod.container) == resized
 
@@ -112,10 +116,10 @@ def test_a_refused_write_leaves_nothing_half_done(v1_pod: rc.KubeletPod) -> None
     with hierarchy.groups(deep):
         hierarchy.set_limit(f"{shaped.inner}/a", KUBELET_LIMIT)
         hierarchy.set_limit(deep, KUBELET_LIMIT)  # depth 4 below the pod: past DESCENDANT_DEPTH
-        quota = QuotaWriter(CgroupWriter(str(hierarchy.writable)), "v1")
-        _, writes = quota.plan(shaped.pod, THROTTLE)
+        quota = QuotaLever(CgroupWriter(str(hierarchy.writable)), "v1")
+        _, writes = quota.plan(shaped.pod, THROTTLE.render_v2(), {})
         assert [w.path for w in writes] == [f"{shaped.inner}/a", shaped.container, shaped.pod]
-        with pytest.raises(LimitRefused) as refused:
+        with pytest.raises(WriteRefused) as refused:
             quota.perform(writes)
         assert (refused.value.error, refused.value.file) == ("EINVAL", "cpu.cfs_quota_us")
         assert refused.value.path == f"{shaped.inner}/a"

@@ -204,7 +204,7 @@ def test_throttles_just_enough_and_restores_exactly(node: Node, daemon: DaemonPr
     assert all(node.quota(name) == UNLIMITED for name in node.dirs)
     # The ledger drops an entry just after the kernel write it covers: a moment after the quota reads back.
     ledger = str(daemon.workdir / "run/ledger.json")
-    daemon.wait_for(lambda: not Ledger.load(ledger).entries, 5 * SLOW, "the ledger emptied")
+    daemon.wait_for(lambda: not Ledger.load(ledger).of("cpu.max"), 5 * SLOW, "the ledger emptied")
     daemon.signal(signal.SIGTERM)
     assert daemon.wait() == 0
 
@@ -224,17 +224,17 @@ def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: Node, d
         lambda: any(e.get("event") == "quota drift re-asserted" for e in daemon.events()), 2 * SLOW, "the drift logged"
     )
     # Re-asserted to what nodeguard holds now: the value it held, or one a later tick's plan moved it to.
-    entry = Ledger.load(str(daemon.workdir / "run/ledger.json")).entries[f"{node.parent}/{victim}"]
-    assert node.quota(victim) == held or entry.is_ours(node.quota(victim)), (node.quota(victim), held, entry)
+    entry = Ledger.load(str(daemon.workdir / "run/ledger.json")).of("cpu.max")[f"{node.parent}/{victim}"]
+    assert node.quota(victim) == held or entry.is_ours(node.quota(victim).render_v2()), (node.quota(victim), held, entry)
 
     daemon.kill()  # SIGKILL: no chance to restore
     throttled = node.throttled()
     assert throttled
     ledger = Ledger.load(str(daemon.workdir / "run/ledger.json"))
-    assert throttled <= {wid.rsplit("/", 1)[-1] for wid in ledger.entries}, "a throttle without a ledger entry"
-    for wid, entry in ledger.entries.items():
-        assert entry.is_ours(node.quota(wid.rsplit("/", 1)[-1]))
-        assert entry.original_limit == UNLIMITED
+    assert throttled <= {wid.rsplit("/", 1)[-1] for wid in ledger.of("cpu.max")}, "a throttle without a ledger entry"
+    for wid, entry in ledger.of("cpu.max").items():
+        assert entry.is_ours(node.quota(wid.rsplit("/", 1)[-1]).render_v2())
+        assert entry.original == UNLIMITED.render_v2()
 
     node.stop_burners()
     restarted = DaemonProcess.__new__(DaemonProcess)
@@ -259,4 +259,4 @@ def test_sigterm_restores_everything_within_a_second(node: Node, daemon: DaemonP
     assert not node.throttled(), node.throttled()
     assert took < 1.0, f"restoring took {took:.2f}s"
     assert daemon.wait(timeout=5 * SLOW) == 0
-    assert not Ledger.load(str(daemon.workdir / "run/ledger.json")).entries
+    assert not Ledger.load(str(daemon.workdir / "run/ledger.json")).of("cpu.max")

@@ -179,7 +179,7 @@ def test_a_full_disk_withholds_throttles_never_restores_and_never_the_daemon(sma
                 restarted.wait_for(lambda: started(restarted), 20, "a restart on the full disk")
                 filler.unlink()
                 restarted.wait_for(lambda: hierarchy.limit(f"{parent}/be") != UNLIMITED, 20, "the throttle, with room")
-                assert f"{parent}/be" in Ledger.load(str(ledger)).entries
+                assert f"{parent}/be" in Ledger.load(str(ledger)).of("cpu.max")
                 fill(small_tmpfs)
                 restarted.signal(signal.SIGTERM)
                 assert restarted.wait() == 0

@@ -1,19 +1,26 @@
-"""Kubernetes Events for throttles, restores and evictions: their bodies, and that failures never block."""
+"""Kubernetes Events for every lever change and for evictions: their bodies, and that failures never block."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Coroutine
-from dataclasses import replace
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+from nodeguard.actuators import levers
+from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.actuators.changes import Change, Done
+from nodeguard.actuators.executor import Executor
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.kubernetes.events import LEVER_KINDS
 from nodeguard.kubernetes.integration import Kubernetes
 from nodeguard.kubernetes.metadata import enrich, parse_pod_list
 from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.model.samples import CpuMax
-from nodeguard.policy.actions import Restore, Throttle
+from nodeguard.model.snapshot import Snapshot
+from nodeguard.policy.actions import Restore, Reweigh, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState
@@ -35,12 +42,31 @@ def loaded(settings: KubernetesSettings) -> Kubernetes:
     return k8s
 
 
+def seen(k8s: Kubernetes) -> Snapshot:
+    return enrich(snapshot([pod_usage(UID_A, cores=3.0)], cores_used=7.0), k8s.cache).snapshot
+
+
 def throttle_action(k8s: Kubernetes) -> Throttle:
-    snap = enrich(snapshot([pod_usage(UID_A, cores=3.0)], cores_used=7.0), k8s.cache).snapshot
-    result = plan(snap, GuardState(), guard(cpu_throttle(threshold=6.0, restore=5.0)))
+    result = plan(seen(k8s), GuardState(), guard(cpu_throttle(threshold=6.0, restore=5.0)))
     (action,) = result.actions
     assert isinstance(action, Throttle)
     return action
+
+
+def done(action: Throttle | Restore) -> Done:
+    """The executor's report of a quota action carried out."""
+    full = isinstance(action, Restore) and action.full
+    change = Change("cpu.max", action.workload_id, action.quota.render_v2(), action.original.render_v2(), full,
+                    action.kind, str(action.metric), asked=action)  # fmt: skip
+    return Done(change, action.previous.render_v2(), action.quota.render_v2(), 0, isinstance(action, Throttle))
+
+
+def weight_done(group: str, lower: bool, workloads: tuple[str, ...] = ()) -> Done:
+    reason = "protected workload harmed" if lower else "weight back: nobody wants the CPU it held"
+    asked = Reweigh(group, Metric.PROTECTED_CPU_STALL, reason, lower, workloads, False)
+    before, after = ("307", "2") if lower else ("2", "307")
+    change = Change("cpu.weight", group, after, None, not lower, "reweigh", "protected_cpu_stall", asked=asked)
+    return Done(change, before, after, 0, lower)
 
 
 class Spawner:
@@ -56,10 +82,10 @@ async def test_throttle_event_body(kube: FakeKube, settings: KubernetesSettings)
     k8s = loaded(settings)
     action = throttle_action(k8s)
     spawn = Spawner()
-    k8s.emit([action], spawn)
+    k8s.emit([done(action)], seen(k8s), spawn)
     await asyncio.gather(*spawn.tasks)
-    (seen,) = kube.requests("POST", EVENTS)
-    body = seen.body
+    (posted,) = kube.requests("POST", EVENTS)
+    body = posted.body
     assert body["apiVersion"] == "v1" and body["kind"] == "Event"
     assert body["metadata"]["namespace"] == "jobs"
     assert body["metadata"]["name"].startswith("batch-a.")
@@ -98,7 +124,7 @@ async def test_restore_event_is_normal(kube: FakeKube, settings: KubernetesSetti
         full=True,
         dry_run=False,
     )
-    assert await k8s.recorder.emit(restore)
+    assert await k8s.recorder.emit(done(restore), UID_A)
     body = kube.requests("POST", EVENTS)[0].body
     assert (body["reason"], body["type"], body["action"]) == ("NodeguardRestored", "Normal", "Restore")
     assert body["message"].endswith("-> unlimited")
@@ -112,9 +138,9 @@ async def test_eviction_event_after_the_api_accepts(kube: FakeKube, settings: Ku
     assert await evictor.evict(
         pod_cgroup(UID_A), metric="memory_total_usage", gap=2147483648.0, reason="memory past 8Gi"
     )
-    (seen,) = kube.requests("POST", EVENTS)
-    assert (seen.body["reason"], seen.body["type"]) == ("NodeguardEvicted", "Warning")
-    assert seen.body["message"].startswith("memory_total_usage: gap 2.147e+09; memory past 8Gi")
+    (posted,) = kube.requests("POST", EVENTS)
+    assert (posted.body["reason"], posted.body["type"]) == ("NodeguardEvicted", "Warning")
+    assert posted.body["message"].startswith("memory_total_usage: gap 2.147e+09; memory past 8Gi")
     kube.evictions["jobs/batch-a"] = Canned(
         429, status(429, "TooManyRequests", "Cannot evict pod as it would violate the pod's disruption budget.")
     )
@@ -130,13 +156,13 @@ async def test_event_failures_are_counted_and_never_block(kube: FakeKube, settin
     kube.overrides[("POST", EVENTS)] = Canned(
         403, status(403, "Forbidden", 'events is forbidden: User "x" cannot create')
     )
-    assert not await k8s.recorder.emit(action)
+    assert not await k8s.recorder.emit(done(action), UID_A)
     assert k8s.recorder.failed == 1
     kube.overrides[("POST", EVENTS)] = Canned(hang=True)
     k8s.recorder.max_in_flight = 2
     spawn = Spawner()
     started = time.perf_counter()
-    k8s.emit([action] * 5, spawn)
+    k8s.emit([done(action)] * 5, seen(k8s), spawn)
     assert time.perf_counter() - started < 0.5  # the tick only schedules tasks
     deadline = time.monotonic() + 10
     while (k8s.recorder.in_flight, k8s.recorder.dropped) != (2, 3) and time.monotonic() < deadline:
@@ -148,33 +174,69 @@ async def test_event_failures_are_counted_and_never_block(kube: FakeKube, settin
     await k8s.aclose()
 
 
-async def test_no_event_for_dry_runs_unknown_pods_or_when_disabled(
-    kube: FakeKube, settings: KubernetesSettings
-) -> None:
-    """Dry-run actions, pods without metadata and events: false send nothing."""
+async def test_no_event_for_unknown_pods_or_when_disabled(kube: FakeKube, settings: KubernetesSettings) -> None:
+    """Pods without metadata and events: false send nothing."""
     k8s = loaded(settings)
     action = throttle_action(k8s)
-    assert not await k8s.recorder.emit(replace(action, dry_run=True))
+    snap = seen(k8s)
     k8s.cache.replace(parse_pod_list(pod_list([])), time.monotonic())
-    assert not await k8s.recorder.emit(action)
+    assert not await k8s.recorder.emit(done(action), UID_A)
     k8s.reconfigure(settings.model_copy(update={"events": False}))
     spawn = Spawner()
-    k8s.emit([action], spawn)
+    k8s.emit([done(action)], snap, spawn)
     assert spawn.tasks == []
     assert kube.requests("POST") == []
     await k8s.aclose()
 
 
-async def test_no_event_for_a_quota_write_that_failed(kube: FakeKube, settings: KubernetesSettings) -> None:
-    """Given the throttles the executor really holds, a throttle whose write failed records no Event."""
+async def test_events_follow_what_the_executor_did(
+    kube: FakeKube, settings: KubernetesSettings, tmp_path: Path
+) -> None:
+    """Only changes the kernel took are Events: a throttle whose write is refused records none, a dry run none,
+    the same throttle written records one."""
     k8s = loaded(settings)
-    action = throttle_action(k8s)
-    spawn = Spawner()
-    k8s.emit([action], spawn, held={})  # the executor dropped it: the write failed
-    assert spawn.tasks == []
-    snap = enrich(snapshot([pod_usage(UID_A, cores=3.0)], cores_used=7.0), k8s.cache).snapshot
+    snap = seen(k8s)
     result = plan(snap, GuardState(), guard(cpu_throttle(threshold=6.0, restore=5.0)))
-    k8s.emit(result.actions, spawn, held=result.state.throttles)
+    group = tmp_path / result.actions[0].workload_id
+    (group / "cpu.max").mkdir(parents=True)  # a directory: reading and writing it fail (EISDIR)
+    executor = Executor(levers.build(CgroupWriter(str(tmp_path)), "v2"), FakeCgroupEvictor(),
+                        Ledger(str(tmp_path / "ledger.json")), Spawner())  # fmt: skip
+    refused = executor.carry_out(result, GuardState(), snap)
+    assert refused.done == [] and executor.counters.failed == 1
+    dry = plan(snap, GuardState(), guard(cpu_throttle(threshold=6.0, restore=5.0), dryRun=True))
+    assert executor.carry_out(dry, GuardState(), snap).done == []
+    (group / "cpu.max").rmdir()
+    (group / "cpu.max").write_text("max 100000")
+    written = executor.carry_out(result, GuardState(), snap)
+    spawn = Spawner()
+    k8s.emit(written.done, snap, spawn)
     await asyncio.gather(*spawn.tasks)
-    assert len(kube.requests("POST", EVENTS)) == 1
+    assert [r.body["reason"] for r in kube.requests("POST", EVENTS)] == ["NodeguardThrottled"]
     await k8s.aclose()
+
+
+async def test_weight_events_on_the_pod_or_on_the_node(kube: FakeKube, settings: KubernetesSettings) -> None:
+    """A lowered weight is a Warning on the pod whose cgroup it is, a tier's a Warning on the Node; putting one
+    back is Normal; each message says what was held back and the values."""
+    k8s = loaded(settings)
+    snap = seen(k8s)
+    spawn = Spawner()
+    tier = "kubepods.slice/kubepods-besteffort.slice"
+    k8s.emit([weight_done(tier, True, (pod_cgroup(UID_A),)), weight_done(pod_cgroup(UID_A), False)], snap, spawn)
+    await asyncio.gather(*spawn.tasks)
+    on_node = kube.requests("POST", "/api/v1/namespaces/default/events")
+    on_pod = kube.requests("POST", EVENTS)
+    assert len(on_node) == 1 and len(on_pod) == 1
+    node_body, pod_body = on_node[0].body, on_pod[0].body
+    assert node_body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE,
+                                           "namespace": ""}  # fmt: skip
+    assert (node_body["reason"], node_body["type"]) == ("NodeguardWeightLowered", "Warning")
+    assert "cpu.weight 307 -> 2" in node_body["message"] and pod_cgroup(UID_A) in node_body["message"]
+    assert (pod_body["reason"], pod_body["type"]) == ("NodeguardWeightRestored", "Normal")
+    assert pod_body["involvedObject"]["name"] == "batch-a"
+    await k8s.aclose()
+
+
+def test_every_registered_lever_has_both_events() -> None:
+    """A lever added to the registry without its Events fails here: one for holding back, one for giving back."""
+    assert set(LEVER_KINDS) == {(kind.name, down) for kind in levers.REGISTERED for down in (True, False)}

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.cpu_quota import QuotaWriter
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
+from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.kubernetes.evictor import ApiEvictor, pod_uid_of
 from nodeguard.kubernetes.integration import Kubernetes
 from nodeguard.kubernetes.metadata import parse_pod_list
@@ -192,7 +192,7 @@ async def test_budget_refusal_moves_on_to_the_next_candidate(
         tasks.append(asyncio.create_task(coro, name=name))
 
     executor = Executor(
-        QuotaWriter(CgroupWriter(str(tmp_path)), "v2"),
+        QuotaLever(CgroupWriter(str(tmp_path)), "v2"),
         k8s.evictor(FakeCgroupEvictor()),
         Ledger.load(str(tmp_path / "ledger.json")),
         spawn,

@@ -91,6 +91,11 @@ class Lever(Protocol):
         """The file a write changes (for messages and held-back records)."""
         ...
 
+    @property
+    def main_file(self) -> str:
+        """The file that holds the group's value (named when reading it fails)."""
+        ...
+
 
 def writes_back(current: str, target: str, group: str) -> list[Write]:
     """A single-file lever's writes: one, or none when the value is there already."""

@@ -202,6 +202,10 @@ class QuotaLever:
         self.perform(writes, **note_drift(self, workload_id, current, applied, context))
         return True
 
+    @property
+    def main_file(self) -> str:
+        return "cpu.max" if self.version == "v2" else "cpu.cfs_quota_us"
+
     def file_of(self, write: Write) -> str:
         return self._file(LimitWrite(write.path, parse_cpu_max(write.before), parse_cpu_max(write.after)))
 

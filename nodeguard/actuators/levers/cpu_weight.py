@@ -105,6 +105,10 @@ class WeightLever:
     def restricts(self, value: str, than: str) -> bool:
         return int(value) < int(than)
 
+    @property
+    def main_file(self) -> str:
+        return self.file.name
+
     def file_of(self, write: Write) -> str:
         return self.file_of_value(int(write.after))
 
