@@ -47,7 +47,9 @@ One tick, in order:
    brought them, they buy nothing and all go back at once, the quota lever
    off for guard.weightHoldSeconds. Quotas come back like the others, a step
    and a cool-down at a time; weights after guard.weightHoldSeconds without
-   harm.
+   harm, and only once the work under them stops waiting for CPU the node
+   does not have (CONTENDED_CORES): before, the harm is absent because the
+   weight is down, and putting it back would bring the harm back.
 
 A workload whose last write the kernel refused is held back (no candidate)
 for its back-off; the daemon plans the tick again without it, so the next
@@ -70,7 +72,7 @@ from nodeguard.policy.gaps import Gaps, compute_gaps
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import GENERAL_SORTER, Ranked, ordering
 from nodeguard.policy.settings import GuardSettings
-from nodeguard.policy.stall import competing_group, covers, is_protected, stalls, worst
+from nodeguard.policy.stall import competing_demand, competing_group, covers, is_protected, stalls, worst
 from nodeguard.policy.state import (
     STREAK_CAP,
     Direction,
@@ -101,6 +103,8 @@ QUOTA_STREAK_TICKS = 4
 # nothing (the stall is not the batch work's doing: emulation, work outside the candidates) and they go back.
 QUOTA_TRIAL_TICKS = 10
 QUOTA_FUTILE = 0.7
+# A lowered weight stays while the work under it waits for this many cores more than the node has idle.
+CONTENDED_CORES = 0.1
 _METRIC_ORDER = {metric: index for index, metric in enumerate(CAPABILITIES)}
 
 
@@ -501,9 +505,10 @@ class _Tick:
         self._raise(math.inf, [], only=held, why="the quotas did not cut the protected stall")
 
     def _restore_weights(self) -> None:
-        """Put a lowered weight back once no protected workload has been harmed for weightHoldSeconds (each try
-        costs a few ticks of harm where the batch work is still there), at once where no candidate is left
-        under it, and when no protected_cpu_stall objective is left."""
+        """Put a lowered weight back once no protected workload has been harmed for weightHoldSeconds and the
+        work under it no longer waits for CPU the node does not have (while it does, the weight is what keeps the
+        harm away); at once where no candidate is left under it, and when no protected_cpu_stall objective is
+        left."""
         if not self.lowered:
             return
         line = self.stall_line
@@ -516,10 +521,18 @@ class _Tick:
             and (self.last_harm is None or self.now - self.last_harm >= self.guard.weight_hold_seconds)
         )
         candidates = [u.workload.id for u in self.candidates()]
+        idle = max(0.0, self.node.cpus - (self.node.cores_used or float(self.node.cpus)))
         for group in sorted(self.lowered):
             under = tuple(wid for wid in candidates if covers(group, wid))
             if line is not None and under and not calm:
                 continue
+            if line is not None and under:
+                wanted = competing_demand([self.workloads[wid] for wid in under], idle)
+                if wanted >= CONTENDED_CORES:
+                    # Back now, the harm would be back with it: the weight is why it is absent.
+                    detail = f"{group}: its work still waits for {_fmt(wanted)} cores past the idle CPU"
+                    self.block(Metric.PROTECTED_CPU_STALL, Direction.RESTORE, "contended", detail)
+                    continue
             why = (
                 "no protected_cpu_stall objective"
                 if line is None

@@ -23,6 +23,8 @@ from typing import NamedTuple
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QosClass, Workload
 
+IDLE_CORES = 0.1  # idle CPU on the node past which no runnable work is held back by its weight
+
 
 class Stall(NamedTuple):
     usage: WorkloadUsage
@@ -86,3 +88,17 @@ def worst(found: Iterable[Stall]) -> Harmed | None:
     """The most stalled protected workload with a stall known (it drives the objective)."""
     known = [Harmed(s.usage, s.share) for s in found if s.share is not None]
     return max(known, key=lambda h: (h.share, h.usage.workload.id), default=None)
+
+
+def competing_demand(competitors: Iterable[WorkloadUsage], idle_cores: float) -> float:
+    """Cores the competitors wait for past the node's idle CPU (their own CFS limits' share taken off): what a
+    lowered weight holds from them, and what putting it back would take from the protected workloads.
+
+    Without their threads' waits, a node with no idle CPU counts their whole use as demand.
+    """
+    found = list(competitors)
+    known = [u for u in found if u.waiting_cores is not None]
+    if not known:
+        return 0.0 if idle_cores >= IDLE_CORES else sum(u.cores or 0.0 for u in found)
+    waited = sum(max(0.0, (u.waiting_cores or 0.0) - (u.throttled_cores or 0.0)) for u in known)
+    return max(0.0, waited - idle_cores)

@@ -14,7 +14,7 @@ from nodeguard.model.workloads import QosClass
 from nodeguard.policy.actions import Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import QUOTA_STREAK_TICKS, QUOTA_TRIAL_TICKS, Plan, plan
-from nodeguard.policy.stall import competing_group, stall_share
+from nodeguard.policy.stall import competing_demand, competing_group, stall_share
 from nodeguard.policy.state import Direction, GuardState, HeldBack, LoweredWeight
 from nodeguard.policy.trace import plan_to_data
 from nodeguard.policy.whatif import what_if
@@ -187,10 +187,12 @@ def test_plan_shows_each_protected_stall_against_its_target_and_the_lever() -> N
 WEIGHT = guard(stall_objective(), minQuotaCores=0.05, weightHoldSeconds=60)
 
 
-def kubelet_node(important_waiting: float) -> list[WorkloadUsage]:
+def kubelet_node(
+    important_waiting: float, burner_cores: float = 0.3, burner_waiting: float = 0.7
+) -> list[WorkloadUsage]:
     """kubelet's layout: burners in the Burstable and BestEffort tiers, the Guaranteed pod at the top level."""
     burners = [
-        usage(f"kp/{tier}/pod{i}", cores=0.3, waiting=0.7, priority=-i, cpu_max=CpuMax(None),
+        usage(f"kp/{tier}/pod{i}", cores=burner_cores, waiting=burner_waiting, priority=-i, cpu_max=CpuMax(None),
               qos=QosClass.BURSTABLE if tier == "burstable" else QosClass.BEST_EFFORT)
         for i, tier in enumerate(["burstable", "burstable", "besteffort"])
     ]  # fmt: skip
@@ -245,19 +247,50 @@ def test_a_group_holding_a_protected_workload_is_never_lowered() -> None:
     assert {r.group for r in p.reweighs} == {"kp/besteffort"}
 
 
-def test_weights_come_back_after_the_hold_or_when_their_candidates_leave() -> None:
-    """A lowered weight stays while harm is recent, comes back after weightHoldSeconds without harm, and at once
-    when no candidate is left under it."""
+def test_weights_stay_down_while_the_work_under_them_still_wants_the_cpu() -> None:
+    """No harm for longer than weightHoldSeconds is not enough while the burners under the lowered weights still
+    wait for CPU the node does not have: the harm is absent because the weights are down, so they stay (blocked
+    as contended), tick after tick."""
     first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
-    calm = kubelet_node(0.0)
-    soon = plan(snapshot(calm, cpus=2, cores_used=1.8, monotonic=130.0), first.state, WEIGHT)
+    state = first.state
+    for tick in range(5):
+        p = plan(snapshot(kubelet_node(0.0), cpus=2, cores_used=2.0, monotonic=161.0 + 30 * tick), state, WEIGHT)
+        assert p.reweighs == () and set(p.state.lowered) == {"kp/burstable", "kp/besteffort"}, tick
+        assert {b.cause for b in p.blocked if b.direction == Direction.RESTORE} == {"contended"}, p.blocked
+        state = p.state
+
+
+def test_weights_come_back_after_the_hold_once_the_work_under_them_is_quiet() -> None:
+    """When the burners stop wanting CPU, a lowered weight stays while harm is recent and comes back after
+    weightHoldSeconds without harm."""
+    first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
+    quiet = kubelet_node(0.0, burner_cores=0.05, burner_waiting=0.0)
+    soon = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=130.0), first.state, WEIGHT)
     assert soon.reweighs == () and set(soon.state.lowered) == {"kp/burstable", "kp/besteffort"}
-    later = plan(snapshot(calm, cpus=2, cores_used=1.8, monotonic=161.0), soon.state, WEIGHT)
+    later = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=161.0), soon.state, WEIGHT)
     assert {(r.group, r.lower) for r in later.reweighs} == {("kp/burstable", False), ("kp/besteffort", False)}
     assert later.state.lowered == {}
+
+
+def test_a_weight_comes_back_at_once_when_its_candidates_leave() -> None:
+    """A lowered weight with no candidate left under it goes back on the next tick, harm or not."""
+    first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
     gone = [u for u in kubelet_node(0.2) if "besteffort" not in u.workload.id]
     left = plan(snapshot(gone, cpus=2, cores_used=2.0, monotonic=101.0), first.state, WEIGHT)
     assert [(r.group, r.lower) for r in left.reweighs] == [("kp/besteffort", False)]
+
+
+def test_competing_demand_is_the_wait_past_the_idle_cpu_without_their_own_throttling() -> None:
+    """The competitors' demand is their threads' wait less their own CFS throttling, past the node's idle CPU;
+    without waits, their use on a node with no idle CPU."""
+    a = usage("a", cores=0.5, waiting=0.8)._replace(throttled_cores=0.3)
+    b = usage("b", cores=0.5, waiting=0.4)
+    assert competing_demand([a, b], idle_cores=0.0) == pytest.approx(0.9)
+    assert competing_demand([a, b], idle_cores=0.5) == pytest.approx(0.4)
+    assert competing_demand([a, b], idle_cores=2.0) == 0.0
+    blind = [usage("c", cores=0.7, waiting=None), usage("d", cores=0.2, waiting=None)]
+    assert competing_demand(blind, idle_cores=0.0) == pytest.approx(0.9)
+    assert competing_demand(blind, idle_cores=1.0) == 0.0
 
 
 def test_quota_waits_while_lowered_weights_drain_the_stall() -> None:
