@@ -27,7 +27,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from nodeguard.atomic_file import boot_id
 from nodeguard.coordination.service import CoordinationService
 from nodeguard.coordination.settings import CoordinationError
 from nodeguard.gate import store
@@ -61,6 +60,7 @@ from nodeguard.gate.server import (
     bind,
 )
 from nodeguard.gate.settings import GateSettings
+from nodeguard.gate.statefile import StateFile
 from nodeguard.gate.states import WAIT_TARGETS, ClusterSlot, Load, LoadSpec, LoadState
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.snapshot import NodeUsage
@@ -68,7 +68,6 @@ from nodeguard.supervisor import supervise
 
 log = get_logger("nodeguard.gate")
 
-_Deferred = tuple[int, Connection, dict[str, Any]]
 MAX_WAITS = 256  # waits one connection may have open at once
 
 
@@ -102,12 +101,6 @@ class GateService:
         self._problem: str | None = None
         # Called with each admitted load's wait (seconds from submit to admission), e.g. a metrics histogram.
         self.on_admission: Callable[[float], None] | None = None
-        self._boot = boot_id()
-        self._writer = store.StateWriter(self.state_path)
-        self._generation = 0  # of the persisted view (starting and ready loads); bumped on every change
-        self._durable = 0  # the generation last written
-        self._dirty = asyncio.Event()
-        self._deferred: list[_Deferred] = []  # responses that reveal an admission not yet on disk
         self._waiters: dict[str, list[tuple[Connection, RequestId, str]]] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
         self._timeouts: dict[str, asyncio.TimerHandle] = {}
@@ -117,7 +110,8 @@ class GateService:
         self._connections: set[Connection] = set()
         self._stopping = False
         self._warnings = RateLimiter(60.0)
-        self._restore()
+        self._state = StateFile(self.state_path, self.table, self._warnings)
+        self._state.restore(self._may_use)
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -149,7 +143,7 @@ class GateService:
         try:
             async with asyncio.TaskGroup() as group:
                 self._group = group
-                group.create_task(self._persist_loop(), name="gate-persist")
+                group.create_task(self._state.run(), name="gate-persist")
                 group.create_task(accept_loop(listening.sock, self, self._connections), name="gate-accept")
                 self._resume(time.monotonic())
                 self.serving, self._problem = True, None
@@ -175,29 +169,19 @@ class GateService:
                 conn.close(abort=True)  # a client that does not read would keep its descriptor
             self._connections.clear()
             self._waiters.clear()
-            self._deferred.clear()
+            self._state.forget_deferred()
             now = time.monotonic()
             for conn in connections:  # their clients reconnect and attach; what was not admitted yet fails
                 self.table.disconnected(conn, now, keep_starting=True)
-            self._write_state()
+            self._state.write_now()
             listening.close()
-
-    def _restore(self) -> None:
-        # A load is restored only if its submitter may use the gate now: its exec probe runs as that uid.
-        found = store.read(self.state_path, self._boot, self._may_use)
-        if found.other_boot:
-            log.info("gate state is from an earlier boot; its loads are gone", path=self.state_path)
-        for problem in found.problems:
-            log.error("gate state: could not restore", path=self.state_path, problem=problem, kept_as=found.set_aside)
-        for load in found.loads:
-            if not self.table.restore(load):
-                log.error("gate state: a load listed twice; restored once", path=self.state_path, load=load.name)
-        starting = [load.name for load in found.loads if load.state is LoadState.STARTING]
-        if found.loads:
-            log.info("gate restored admitted loads; starting ones keep their slots", starting=starting)
 
     def _may_use(self, uid: int, gid: int) -> bool:
         return authorised(Peer(0, uid, gid), self.settings)
+
+    @property
+    def _writer(self) -> store.StateWriter:
+        return self._state.writer  # tests reach in to inject write faults
 
     def _resume(self, now: float) -> None:
         """Serving (again): watch every starting load, ask for the cluster slots wanted, re-arm the hold timer."""
@@ -402,8 +386,8 @@ class GateService:
 
     def _reply(self, conn: Connection, rid: RequestId, load: Load) -> None:
         message = ok(rid, load=load.to_status(time.monotonic()))
-        if load.state.admitted and load.admit_gen > self._durable:
-            self._deferred.append((load.admit_gen, conn, message))  # sent once the admission is on disk
+        if load.state.admitted and load.admit_gen > self._state.durable:
+            self._state.defer(load.admit_gen, conn, message)  # sent once the admission is on disk
         else:
             conn.send(message)
 
@@ -411,10 +395,10 @@ class GateService:
 
     def changed(self, load: Load, previous: LoadState | None) -> None:
         if load.state in store.PERSISTED or previous in store.PERSISTED:
-            self._bump()
+            self._state.bump()
         now = time.monotonic()
         if load.state is LoadState.STARTING:
-            load.admit_gen = self._generation
+            load.admit_gen = self._state.generation
             log.debug("gate: admitted", load=load.name, reason=load.reason)
             if self.on_admission is not None and load.admitted_at is not None and not load.restored:
                 self.on_admission(load.admitted_at - load.submitted_at)
@@ -430,7 +414,7 @@ class GateService:
 
     def removed(self, load: Load) -> None:
         if load.state in store.PERSISTED:
-            self._bump()
+            self._state.bump()
         self._unwatch(load.name)
         if load.name in self._waiters:
             # A replacement arrives in the same call; answer only if the name stays gone.
@@ -564,37 +548,3 @@ class GateService:
         self._retry, self._retry_at = None, None
         self.table.pump(time.monotonic())
         self._after()
-
-    # --- the state file ---------------------------------------------------------------
-
-    def _bump(self) -> None:
-        self._generation += 1
-        self._dirty.set()
-
-    async def _persist_loop(self) -> None:
-        while True:
-            await self._dirty.wait()
-            self._dirty.clear()
-            generation = self._generation
-            data = store.encode(self.table.loads.values(), self._boot)
-            try:
-                await asyncio.to_thread(self._writer.write, generation, data)
-            except OSError as exc:
-                # Admit anyway: refusing every start because /run is full would be worse.
-                if self._warnings.allow("state-write"):
-                    log.error("gate: cannot write its state file", path=self.state_path, error=str(exc))
-            self._durable = max(self._durable, generation)
-            self._flush_deferred()
-
-    def _flush_deferred(self) -> None:
-        due = [d for d in self._deferred if d[0] <= self._durable]
-        if due:
-            self._deferred = [d for d in self._deferred if d[0] > self._durable]
-            for _, conn, message in due:
-                conn.send(message)
-
-    def _write_state(self) -> None:
-        try:
-            self._writer.write(self._generation, store.encode(self.table.loads.values(), self._boot))
-        except OSError as exc:
-            log.error("gate: cannot write its state file", path=self.state_path, error=str(exc))
