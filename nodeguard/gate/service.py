@@ -48,7 +48,6 @@ from nodeguard.gate.protocol import (
     ok,
     parse_request,
 )
-from nodeguard.gate.readiness import NotifyReadiness, Probe, wait_until_ready
 from nodeguard.gate.server import (
     Connection,
     Listening,
@@ -62,6 +61,7 @@ from nodeguard.gate.server import (
 from nodeguard.gate.settings import GateSettings
 from nodeguard.gate.statefile import StateFile
 from nodeguard.gate.states import WAIT_TARGETS, ClusterSlot, Load, LoadSpec, LoadState
+from nodeguard.gate.timers import Timers
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.snapshot import NodeUsage
 from nodeguard.supervisor import supervise
@@ -102,10 +102,7 @@ class GateService:
         # Called with each admitted load's wait (seconds from submit to admission), e.g. a metrics histogram.
         self.on_admission: Callable[[float], None] | None = None
         self._waiters: dict[str, list[tuple[Connection, RequestId, str]]] = {}
-        self._probes: dict[str, asyncio.Task[None]] = {}
-        self._timeouts: dict[str, asyncio.TimerHandle] = {}
-        self._retry: asyncio.TimerHandle | None = None
-        self._retry_at: float | None = None
+        self._timers = Timers(self.table)
         self._group: asyncio.TaskGroup | None = None
         self._connections: set[Connection] = set()
         self._stopping = False
@@ -145,7 +142,7 @@ class GateService:
                 self._group = group
                 group.create_task(self._state.run(), name="gate-persist")
                 group.create_task(accept_loop(listening.sock, self, self._connections), name="gate-accept")
-                self._resume(time.monotonic())
+                self._resume(time.monotonic(), group)
                 self.serving, self._problem = True, None
                 log.info("gate serving", socket=listening.path, **self._limits_status())
                 try:
@@ -158,12 +155,8 @@ class GateService:
             self._stopping = True
             self.serving = False
             self._group = None
-            for handle in [*self._timeouts.values(), *([self._retry] if self._retry else [])]:
-                handle.cancel()
-            self._timeouts.clear()
-            self._probes.clear()  # tasks of the group, cancelled with it
-            self._slots.clear()  # likewise; asked again when the gate serves again
-            self._retry, self._retry_at = None, None
+            self._timers.stop()
+            self._slots.clear()  # tasks of the group, cancelled with it; asked again when the gate serves again
             connections = list(self._connections)
             for conn in connections:
                 conn.close(abort=True)  # a client that does not read would keep its descriptor
@@ -183,14 +176,14 @@ class GateService:
     def _writer(self) -> store.StateWriter:
         return self._state.writer  # tests reach in to inject write faults
 
-    def _resume(self, now: float) -> None:
+    def _resume(self, now: float, group: asyncio.TaskGroup) -> None:
         """Serving (again): watch every starting load, ask for the cluster slots wanted, re-arm the hold timer."""
         for load in list(self.table.loads.values()):
             if load.state is LoadState.STARTING:
-                self._watch(load, now)
+                self._timers.watch(load, now, group)
             if load.cluster is ClusterSlot.WAITING:
                 self.wants_slot(load)
-        self._after()
+        self._timers.after()
 
     # --- the daemon's calls -------------------------------------------------------
 
@@ -199,7 +192,7 @@ class GateService:
         self.window.add(now, None if node.load is None else node.load.load1, node.cpu_utilization)
         self.table.observe(self.window.signals(now), now)
         self.table.forget_failed(now)
-        self._after()
+        self._timers.after()
 
     def reconfigure(self, settings: GateSettings) -> None:
         old, self.settings = self.settings, settings
@@ -222,7 +215,7 @@ class GateService:
             max_loads=settings.max_loads,
             keep_failed=settings.keep_failed_seconds,
         )
-        self._after()
+        self._timers.after()
 
     def status(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -280,7 +273,7 @@ class GateService:
         except Exception:  # a bug in one request must not take the gate down
             log.error("gate: request failed", op=request.op, exc_info=True)
             conn.send(error(request.id, "internal", "internal error; see the daemon's log"))
-        self._after()
+        self._timers.after()
 
     def overlong(self, conn: Connection) -> None:
         self.counters["malformed"] += 1
@@ -319,7 +312,7 @@ class GateService:
                 self._waiters.pop(name, None)
         for load in self.table.disconnected(conn, time.monotonic()):
             log.info("gate: client left before its load was ready; slot freed", load=load.name, pid=conn.peer.pid)
-        self._after()
+        self._timers.after()
 
     def _dispatch(self, conn: Connection, request: Request, now: float) -> None:
         rid = request.id
@@ -403,9 +396,9 @@ class GateService:
             if self.on_admission is not None and load.admitted_at is not None and not load.restored:
                 self.on_admission(load.admitted_at - load.submitted_at)
             if self._group is not None:
-                self._watch(load, now)
+                self._timers.watch(load, now, self._group)
         elif previous is LoadState.STARTING:
-            self._unwatch(load.name)
+            self._timers.unwatch(load.name)
         if load.state is LoadState.FAILED:
             log.info("gate: load failed", load=load.name, reason=load.reason)
         waiters = self._waiters.get(load.name)
@@ -415,7 +408,7 @@ class GateService:
     def removed(self, load: Load) -> None:
         if load.state in store.PERSISTED:
             self._state.bump()
-        self._unwatch(load.name)
+        self._timers.unwatch(load.name)
         if load.name in self._waiters:
             # A replacement arrives in the same call; answer only if the name stays gone.
             with contextlib.suppress(RuntimeError):
@@ -464,7 +457,7 @@ class GateService:
         name, _, seq = slot.rpartition("#")
         if seq.isdigit():
             self.table.slot_revoked(name, int(seq), time.monotonic())
-            self._after()
+            self._timers.after()
 
     async def _acquire(self, load: Load) -> None:
         name, seq, semaphore = load.name, load.seq, load.spec.semaphore
@@ -476,75 +469,9 @@ class GateService:
             current = self.table.loads.get(name)
             if current is not None and current.seq == seq and current.state.active:
                 self.table.cancel(name, time.monotonic(), f"no cluster slot: {exc}")
-                self._after()
+                self._timers.after()
             return
         self._slots.pop((name, seq), None)
         if not self.table.slot_granted(name, seq, time.monotonic()):
             self.coordination.release(semaphore, slot_id(name, seq))
-        self._after()
-
-    # --- probes and timers ----------------------------------------------------------
-
-    def _watch(self, load: Load, now: float) -> None:
-        """A starting load: fail it at its deadline, and probe it if the daemon is to find out when it is ready."""
-        loop = asyncio.get_running_loop()
-        if load.deadline is not None:
-            self._timeouts[load.name] = loop.call_later(
-                max(0.0, load.deadline - now), self._expire, load.name, load.seq
-            )
-        readiness = load.spec.readiness
-        if readiness is not None and not isinstance(readiness, NotifyReadiness) and self._group is not None:
-            self._probes[load.name] = self._group.create_task(
-                self._probe(load.name, load.seq, readiness, load.spec.uid, load.spec.gid),
-                name=f"gate-probe-{load.name}",
-            )
-
-    def _unwatch(self, name: str) -> None:
-        handle = self._timeouts.pop(name, None)
-        if handle is not None:
-            handle.cancel()
-        task = self._probes.pop(name, None)
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
-
-    def _expire(self, name: str, seq: int) -> None:
-        self._timeouts.pop(name, None)
-        self.table.expire(name, seq, time.monotonic())
-        self._after()
-
-    async def _probe(self, name: str, seq: int, probe: Probe, uid: int, gid: int) -> None:
-        def report(detail: str) -> None:
-            load = self.table.loads.get(name)
-            if load is not None and load.seq == seq:
-                load.probe = detail
-
-        try:
-            await wait_until_ready(probe, uid, gid, report)
-        except Exception:  # a probe's bug must not stop the gate; the start timeout still applies
-            log.error("gate: probe crashed", load=name, exc_info=True)
-            return
-        self._probes.pop(name, None)
-        load = self.table.loads.get(name)
-        self.table.probe_succeeded(name, seq, load.probe if load is not None else "", time.monotonic())
-        self._after()
-
-    def _after(self) -> None:
-        """After any change: (re)arm the timer of a time-based hold."""
-        retry_at = self.table.retry_at
-        if retry_at == self._retry_at:
-            return
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        self._retry_at = retry_at
-        if retry_at is not None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return
-            self._retry = loop.call_later(max(0.0, retry_at - time.monotonic()), self._on_retry)
-
-    def _on_retry(self) -> None:
-        self._retry, self._retry_at = None, None
-        self.table.pump(time.monotonic())
-        self._after()
+        self._timers.after()
