@@ -15,12 +15,15 @@ Restart safety: an admission is written to the state file (group commit:
 every admission since the last write goes into the next one) before any client
 hears of it, so a daemon killed at any moment comes back holding at least every
 slot it granted.
+
+GateService ties the parts together: requests.py carries out requests and
+answers waits, timers.py runs probes and timers, slots.py asks for cluster
+slots, statefile.py keeps the state file.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections import Counter
@@ -28,26 +31,11 @@ from collections.abc import Callable
 from typing import Any
 
 from nodeguard.coordination.service import CoordinationService
-from nodeguard.coordination.settings import CoordinationError
 from nodeguard.gate import store
 from nodeguard.gate.loads import GateRefused, LoadTable
 from nodeguard.gate.policy import Limits, SignalWindow
-from nodeguard.gate.protocol import (
-    Attach,
-    Cancel,
-    Ping,
-    ProtocolError,
-    Ready,
-    Release,
-    Request,
-    RequestId,
-    StatusRequest,
-    Submit,
-    Wait,
-    error,
-    ok,
-    parse_request,
-)
+from nodeguard.gate.protocol import ProtocolError, error, parse_request
+from nodeguard.gate.requests import Requests
 from nodeguard.gate.server import (
     Connection,
     Listening,
@@ -59,21 +47,15 @@ from nodeguard.gate.server import (
     bind,
 )
 from nodeguard.gate.settings import GateSettings
+from nodeguard.gate.slots import ClusterSlots
 from nodeguard.gate.statefile import StateFile
-from nodeguard.gate.states import WAIT_TARGETS, ClusterSlot, Load, LoadSpec, LoadState
+from nodeguard.gate.states import ClusterSlot, Load, LoadState
 from nodeguard.gate.timers import Timers
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.snapshot import NodeUsage
 from nodeguard.supervisor import supervise
 
 log = get_logger("nodeguard.gate")
-
-MAX_WAITS = 256  # waits one connection may have open at once
-
-
-def slot_id(name: str, seq: int) -> str:
-    """The coordination service's id for a load's cluster slot: a replaced load never shares its predecessor's."""
-    return f"{name}#{seq}"
 
 
 class GateService:
@@ -84,7 +66,6 @@ class GateService:
         self.coordination = coordination
         if coordination is not None:
             coordination.on_revoke = self.slot_revoked
-        self._slots: dict[tuple[str, int], asyncio.Task[None]] = {}  # (load, seq) -> its acquire
         self.cpus = cpus
         self.state_path = os.path.join(state_dir, store.STATE_FILE)
         self.window = SignalWindow(settings.signal_window_seconds)
@@ -101,13 +82,18 @@ class GateService:
         self._problem: str | None = None
         # Called with each admitted load's wait (seconds from submit to admission), e.g. a metrics histogram.
         self.on_admission: Callable[[float], None] | None = None
-        self._waiters: dict[str, list[tuple[Connection, RequestId, str]]] = {}
+        self._warnings = RateLimiter(60.0)
+        self._state = StateFile(self.state_path, self.table, self._warnings)
         self._timers = Timers(self.table)
+        self._slots = ClusterSlots(coordination, self.table, self._timers.after)
+
+        def status() -> dict[str, Any]:
+            return self.status()  # looked up on each request, not bound once: tests replace it to inject a fault
+
+        self._requests = Requests(self.table, self._state, self.counters, coordination, status)
         self._group: asyncio.TaskGroup | None = None
         self._connections: set[Connection] = set()
         self._stopping = False
-        self._warnings = RateLimiter(60.0)
-        self._state = StateFile(self.state_path, self.table, self._warnings)
         self._state.restore(self._may_use)
 
     # --- lifecycle ----------------------------------------------------------------
@@ -156,12 +142,12 @@ class GateService:
             self.serving = False
             self._group = None
             self._timers.stop()
-            self._slots.clear()  # tasks of the group, cancelled with it; asked again when the gate serves again
+            self._slots.stop()
             connections = list(self._connections)
             for conn in connections:
                 conn.close(abort=True)  # a client that does not read would keep its descriptor
             self._connections.clear()
-            self._waiters.clear()
+            self._requests.stop()
             self._state.forget_deferred()
             now = time.monotonic()
             for conn in connections:  # their clients reconnect and attach; what was not admitted yet fails
@@ -266,7 +252,7 @@ class GateService:
             conn.send(error(exc.request_id, "invalid", exc.message, exc.details))
             return
         try:
-            self._dispatch(conn, request, time.monotonic())
+            self._requests.dispatch(conn, request, time.monotonic())
         except GateRefused as exc:
             self.counters["refused"] += 1
             conn.send(error(request.id, exc.code, exc.message))
@@ -304,85 +290,10 @@ class GateService:
     def closed(self, conn: Connection) -> None:
         if self._stopping:
             return
-        for name in conn.waiting:
-            waiters = [w for w in self._waiters.get(name, []) if w[0] is not conn]
-            if waiters:
-                self._waiters[name] = waiters
-            else:
-                self._waiters.pop(name, None)
+        self._requests.closed(conn)
         for load in self.table.disconnected(conn, time.monotonic()):
             log.info("gate: client left before its load was ready; slot freed", load=load.name, pid=conn.peer.pid)
         self._timers.after()
-
-    def _dispatch(self, conn: Connection, request: Request, now: float) -> None:
-        rid = request.id
-        if isinstance(request, Submit):
-            existing = self.table.loads.get(request.name)
-            if existing is not None:
-                self._check_may_change(conn.peer, existing)
-            self._check_semaphore(request.semaphore)
-            spec = LoadSpec(
-                name=request.name,
-                depends_on=tuple(request.depends_on),
-                readiness=request.readiness,
-                priority=request.priority,
-                start_timeout=request.start_timeout_seconds,
-                detach=request.detach,
-                uid=conn.peer.uid,
-                gid=conn.peer.gid,
-                semaphore=request.semaphore,
-            )
-            self._reply(conn, rid, self.table.submit(spec, conn, now))
-        elif isinstance(request, Wait):
-            load = self.table.get(request.name)
-            if load.state in WAIT_TARGETS[request.until]:
-                self._reply(conn, rid, load)
-            else:
-                if conn.waits >= MAX_WAITS:
-                    raise GateRefused("too_many_waits", f"this connection has {conn.waits} waits open already")
-                self._waiters.setdefault(request.name, []).append((conn, rid, request.until))
-                conn.waiting.add(request.name)
-                conn.waits += 1
-        elif isinstance(request, Ready | Release | Cancel | Attach):
-            self._check_may_change(conn.peer, self.table.get(request.name))
-            if isinstance(request, Ready):
-                self._reply(conn, rid, self.table.ready(request.name, now))
-            elif isinstance(request, Release):
-                released = self.table.release(request.name, now)
-                conn.send(ok(rid, load={**released.to_status(now), "state": "released"}))
-            elif isinstance(request, Cancel):
-                self._reply(conn, rid, self.table.cancel(request.name, now))
-            else:
-                self._reply(conn, rid, self.table.attach(request.name, conn))
-        elif isinstance(request, StatusRequest):
-            if request.name is None:
-                conn.send(ok(rid, gate=self.status()))
-            else:
-                conn.send(ok(rid, load=self.table.get(request.name).to_status(now)))
-        elif isinstance(request, Ping):
-            conn.send(ok(rid))
-
-    def _check_semaphore(self, semaphore: str | None) -> None:
-        if semaphore is None:
-            return
-        coordination = self.coordination
-        if coordination is None or not coordination.enabled:
-            raise GateRefused("no_coordination", f"semaphore {semaphore!r}: cluster coordination is not enabled")
-        if semaphore not in coordination.settings.semaphores:
-            known = ", ".join(sorted(coordination.settings.semaphores))
-            raise GateRefused("unknown_semaphore", f"no cluster semaphore {semaphore!r} (configured: {known})")
-
-    def _check_may_change(self, peer: Peer, load: Load) -> None:
-        if peer.uid not in (0, os.geteuid(), load.spec.uid):
-            self.counters["forbidden"] += 1
-            raise GateRefused("forbidden", f"load {load.name!r} belongs to uid {load.spec.uid}")
-
-    def _reply(self, conn: Connection, rid: RequestId, load: Load) -> None:
-        message = ok(rid, load=load.to_status(time.monotonic()))
-        if load.state.admitted and load.admit_gen > self._state.durable:
-            self._state.defer(load.admit_gen, conn, message)  # sent once the admission is on disk
-        else:
-            conn.send(message)
 
     # --- transitions (loads.Listener) ------------------------------------------------
 
@@ -401,77 +312,23 @@ class GateService:
             self._timers.unwatch(load.name)
         if load.state is LoadState.FAILED:
             log.info("gate: load failed", load=load.name, reason=load.reason)
-        waiters = self._waiters.get(load.name)
-        if waiters:
-            self._notify(load, waiters)
+        self._requests.changed(load)
 
     def removed(self, load: Load) -> None:
         if load.state in store.PERSISTED:
             self._state.bump()
         self._timers.unwatch(load.name)
-        if load.name in self._waiters:
-            # A replacement arrives in the same call; answer only if the name stays gone.
-            with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().call_soon(self._answer_gone, load.name)
-
-    def _notify(self, load: Load, waiters: list[tuple[Connection, RequestId, str]]) -> None:
-        remaining = []
-        for conn, rid, until in waiters:
-            if conn.closed:
-                continue
-            if load.state in WAIT_TARGETS[until]:
-                conn.waits -= 1
-                self._reply(conn, rid, load)
-            else:
-                remaining.append((conn, rid, until))
-        if remaining:
-            self._waiters[load.name] = remaining
-        else:
-            del self._waiters[load.name]
-
-    def _answer_gone(self, name: str) -> None:
-        if name in self.table.loads:
-            return
-        for conn, rid, _ in self._waiters.pop(name, []):
-            conn.waits -= 1
-            conn.send(error(rid, "unknown_load", f"load {name!r} was released"))
+        self._requests.removed(load.name)
 
     # --- cluster slots (loads.Listener and the coordination service) ------------------
 
     def wants_slot(self, load: Load) -> None:
-        if self._group is None:
-            return  # not serving (not yet, or restarting): _resume asks for it
-        key = (load.name, load.seq)
-        if key not in self._slots:
-            self._slots[key] = self._group.create_task(self._acquire(load), name=f"gate-slot-{load.name}")
+        if self._group is not None:  # else not serving (not yet, or restarting): _resume asks for it
+            self._slots.want(load, self._group)
 
     def slot_done(self, load: Load) -> None:
-        task = self._slots.pop((load.name, load.seq), None)
-        if task is not None and not task.done():
-            task.cancel()  # acquire gives the slot back if it was granted meanwhile
-        elif self.coordination is not None and load.spec.semaphore is not None:
-            self.coordination.release(load.spec.semaphore, slot_id(load.name, load.seq))
+        self._slots.done(load)
 
     def slot_revoked(self, semaphore: str, slot: str) -> None:
         """The coordination service's ``on_revoke``."""
-        name, _, seq = slot.rpartition("#")
-        if seq.isdigit():
-            self.table.slot_revoked(name, int(seq), time.monotonic())
-            self._timers.after()
-
-    async def _acquire(self, load: Load) -> None:
-        name, seq, semaphore = load.name, load.seq, load.spec.semaphore
-        assert self.coordination is not None and semaphore is not None
-        try:
-            await self.coordination.acquire(semaphore, slot_id(name, seq))
-        except CoordinationError as exc:
-            self._slots.pop((name, seq), None)
-            current = self.table.loads.get(name)
-            if current is not None and current.seq == seq and current.state.active:
-                self.table.cancel(name, time.monotonic(), f"no cluster slot: {exc}")
-                self._timers.after()
-            return
-        self._slots.pop((name, seq), None)
-        if not self.table.slot_granted(name, seq, time.monotonic()):
-            self.coordination.release(semaphore, slot_id(name, seq))
-        self._timers.after()
+        self._slots.revoked(semaphore, slot)
