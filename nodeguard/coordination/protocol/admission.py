@@ -12,49 +12,6 @@ from nodeguard.coordination.records import Want
 class Admission(Bank):
     """What each semaphore's free slots and waiting loads come to after a step."""
 
-    def _drain_spare(self) -> None:
-        """The mint to the heir; free slots to the bank, else the heir (again after a drain grant came back)."""
-        st = self.state
-        if st is None or self.phase is not Phase.ONLINE:
-            return
-        self._repick_heir()
-        heir = self.heir
-        if st.mint is not None and heir != self.name:
-            self._grant("", heir, 0, self._epoch_of(heir), mint=st.mint)
-        bank = self.bank
-        if bank is not None and bank not in self._joined():
-            bank = None  # leaving too
-        target = bank if bank not in (None, self.name) else (heir if heir != self.name else None)
-        if target is not None:
-            for sem, allot in sorted(st.allot.items()):
-                spare = allot - len(self.held.get(sem, ()))
-                if spare > 0:
-                    self._grant(sem, target, spare, self._epoch_of(target))
-        self._note("draining", to=target, allot=dict(st.allot))
-
-    def take_want(self, now: float) -> tuple[str, Want] | None:
-        """The demand to send to the bank, if it changed (or went unanswered for a while)."""
-        bank = self.bank
-        if bank is None or bank == self.name or self.phase is not Phase.ONLINE or self.leaving:
-            return None
-        demand = {s: n for s, n in self._demand.items() if s in self.cluster.caps}
-        if self._want_sent == (bank, demand):
-            return None
-        if self._want_sent is None and not any(demand.values()):
-            self._want_sent = (bank, demand)
-            return None
-        self._want_sent = (bank, demand)
-        self._want_at = now
-        return bank, Want(self.name, self.epoch, demand)
-
-    @property
-    def want_pending(self) -> bool:
-        bank = self.bank
-        if bank is None or bank == self.name or self.phase is not Phase.ONLINE:
-            return False
-        demand = {s: n for s, n in self._demand.items() if s in self.cluster.caps}
-        return self._want_sent != (bank, demand) and (self._want_sent is not None or any(demand.values()))
-
     def _settle_all(self, now: float) -> None:
         if self.state is None:
             return
@@ -96,3 +53,46 @@ class Admission(Bank):
         uncovered = 0 if retiring else max(0, len(waiting) - max(0, st.allot.get(sem, 0) - len(held)))
         if sem in self.cluster.caps:
             self._demand[sem] = uncovered
+
+    def take_want(self, now: float) -> tuple[str, Want] | None:
+        """The demand to send to the bank, if it changed (or went unanswered for a while)."""
+        bank = self.bank
+        if bank is None or bank == self.name or self.phase is not Phase.ONLINE or self.leaving:
+            return None
+        demand = {s: n for s, n in self._demand.items() if s in self.cluster.caps}
+        if self._want_sent == (bank, demand):
+            return None
+        if self._want_sent is None and not any(demand.values()):
+            self._want_sent = (bank, demand)
+            return None
+        self._want_sent = (bank, demand)
+        self._want_at = now
+        return bank, Want(self.name, self.epoch, demand)
+
+    @property
+    def want_pending(self) -> bool:
+        bank = self.bank
+        if bank is None or bank == self.name or self.phase is not Phase.ONLINE:
+            return False
+        demand = {s: n for s, n in self._demand.items() if s in self.cluster.caps}
+        return self._want_sent != (bank, demand) and (self._want_sent is not None or any(demand.values()))
+
+    def _drain_spare(self) -> None:
+        """The mint to the heir; free slots to the bank, else the heir (again after a drain grant came back)."""
+        st = self.state
+        if st is None or self.phase is not Phase.ONLINE:
+            return
+        self._repick_heir()
+        heir = self.heir
+        if st.mint is not None and heir != self.name:
+            self._grant("", heir, 0, self._epoch_of(heir), mint=st.mint)
+        bank = self.bank
+        if bank is not None and bank not in self._joined():
+            bank = None  # leaving too
+        target = bank if bank not in (None, self.name) else (heir if heir != self.name else None)
+        if target is not None:
+            for sem, allot in sorted(st.allot.items()):
+                spare = allot - len(self.held.get(sem, ()))
+                if spare > 0:
+                    self._grant(sem, target, spare, self._epoch_of(target))
+        self._note("draining", to=target, allot=dict(st.allot))
