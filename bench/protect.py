@@ -23,7 +23,17 @@ Strategies, each on fresh cgroups, measured after a warm-up:
   candidate tier (kubepods/besteffort, kubepods/burstable) so that the tiers
   together get node x 70 % - the protected pod's usage;
 - protect: the real daemon with a ``protected_cpu_stall`` objective (skipped,
-  with the reason, where this daemon's check-config refuses it).
+  with the reason, where this daemon's check-config refuses it);
+- hold: protect with ``weightHoldSeconds`` 4, far shorter than the run: the
+  burners never stop, so ``restores_under_contention`` (weights the daemon put
+  back while they ran) must be 0;
+- static_lever: the lever protect pulls (the batch tiers' weight at the least:
+  v1 ``cpu.shares`` 2, v2 ``cpu.idle``) held with no daemon running.
+
+Per scenario, ``daemon_tail_ratio`` is protect's p99 over static_lever's: what
+the running daemon and its loop add to the tail beyond the lever itself
+(target <= 1.2). A run where the probe's own 0.5-core limit throttled it for
+``SELF_THROTTLED_MS`` or more is reported as such (``daemon_tail_note``) instead.
 
 On v2 the same weights are written as kubelet converts them, ``cpu.weight`` =
 1 + (shares - 2) * 9999 // 262142, limits as ``cpu.max``, and the daemon runs
@@ -34,6 +44,7 @@ seconds to start.
 Per strategy: protected_p99_ratio (p99 lateness / p99 alone, same run; in the
 VM, or with ``--paired``, against an alone run just before that strategy, as the
 emulated VM's speed drifts up to 2x within minutes),
+worst_15s_p99_ratio (the worst p99 of any 15 s stretch of the window, 5 s apart),
 node_busy_pct (/proc/stat over the window), batch_cores (v1: cpuacct.usage,
 v2: cpu.stat usage_usec of the batch tiers over the window), the protected
 pod's own throttled time (v1 cpu.stat throttled_time, v2 throttled_usec) and,
@@ -84,6 +95,9 @@ DEFAULT_PERIOD_US = 100000
 FLOOR_CORES = 0.05
 TIERS = ("besteffort", "burstable")
 PROTECT_OBJECTIVE = {"metric": "protected_cpu_stall", "threshold": "5%", "restoreBelow": "1%", "action": "throttle"}
+HOLD_S = 4.0  # the hold run's weightHoldSeconds: far shorter than its window, so a timer-driven restore would show
+HOLD_WINDOW_S = 15.0  # the span of the sub-windows whose worst p99 is reported
+SELF_THROTTLED_MS = 20  # the probe held this long by its own 0.5-core limit: its tail is its own, not the daemon's
 WATERLINE_OBJECTIVE = {"metric": "cpu_total_utilization", "action": "throttle", "threshold": WATERLINE_PCT,
                        "restoreBelow": WATERLINE_PCT - 10}  # fmt: skip
 
@@ -215,6 +229,19 @@ class Window:
     seconds: float
     protected_throttled_ms: int
     protected_stall_pct: float | None  # v2: cpu.pressure some minus its own throttling, as the daemon reads it
+    probe_text: str = ""
+    since_us: int = 0
+    until_us: int = 0
+
+    def p99_per(self, span: float, step: float) -> list[float]:
+        """The p99 lateness of every ``span``-second sub-window, ``step`` seconds apart."""
+        found, start = [], self.since_us
+        while start + span * 1e6 <= self.until_us + 1:
+            worst = p99(probe_lateness(self.probe_text, start, round(start + span * 1e6)))
+            if worst is not None:
+                found.append(worst)
+            start += round(step * 1e6)
+        return found
 
 
 def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds: float) -> Window:
@@ -234,7 +261,8 @@ def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds
             probe.wait(5)
         except subprocess.TimeoutExpired:
             rc.stop(probe)
-    lateness = probe_lateness(probe_out.read_text(), round(since * 1e6), round(until * 1e6))
+    text = probe_out.read_text()
+    lateness = probe_lateness(text, round(since * 1e6), round(until * 1e6))
     return Window(
         lateness,
         round(100 * (busy1 - busy0) / max(1, total1 - total0), 1),
@@ -243,12 +271,15 @@ def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds
         round((throttled1 - throttled0) / 1e6),
         None if pressure0 is None or pressure1 is None
         else round(100 * max(0, pressure1 - pressure0 - (throttled1 - throttled0)) / 1e9 / (until - since), 2),
-    )
+        text, round(since * 1e6), round(until * 1e6),
+    )  # fmt: skip
 
 
 def figures(window: Window, alone_p99: float) -> dict[str, Any]:
     worst = p99(window.lateness_ms)
+    windows = window.p99_per(HOLD_WINDOW_S, 5.0)
     return {
+        **({"worst_15s_p99_ratio": round(max(windows) / alone_p99, 2)} if windows else {}),
         "protected_p99_ratio": None if worst is None else round(worst / alone_p99, 2),
         "protected_p99_ms": None if worst is None else round(worst, 2),
         "units": len(window.lateness_ms),
@@ -262,14 +293,16 @@ def figures(window: Window, alone_p99: float) -> dict[str, Any]:
 # --- strategies: each a context manager that acts while the window runs -------------------------------
 
 
-def daemon_config(node: Node, objective: dict[str, Any], workdir: Path, listen: str) -> dict[str, Any]:
+def daemon_config(
+    node: Node, objective: dict[str, Any], workdir: Path, listen: str, **guard: Any
+) -> dict[str, Any]:
     """The e2e's config shape: discovery finds the pods under this run's kubepods."""
     version = node.hierarchy.version
     root = rc.v2_mount() if version == "v2" else rc.CGROUP_ROOT
     return {"global": {
         "sensing": {"cgroupRoot": str(root), "cgroupVersion": version, "tickSeconds": TICK,
                     "kubepodsPaths": [f"{node.parent}/kubepods"]},
-        "guard": {"objectives": [objective], "candidates": {"classes": ["BestEffort", "Burstable"]}},
+        "guard": {"objectives": [objective], "candidates": {"classes": ["BestEffort", "Burstable"]}, **guard},
         "actuation": {"ledgerPath": str(workdir / "run/ledger.json")},
         "http": {"listen": listen},
         "gate": {"enabled": False},
@@ -296,8 +329,8 @@ class Acting:
 
 
 @contextlib.contextmanager
-def run_daemon(node: Node, objective: dict[str, Any], workdir: Path) -> Iterator[Acting]:
-    config = daemon_config(node, objective, workdir, f"127.0.0.1:{free_port()}")
+def run_daemon(node: Node, objective: dict[str, Any], workdir: Path, **guard: Any) -> Iterator[Acting]:
+    config = daemon_config(node, objective, workdir, f"127.0.0.1:{free_port()}", **guard)
     reason = refused(config, workdir)
     if reason:
         raise Skipped(reason)
@@ -321,6 +354,11 @@ def run_daemon(node: Node, objective: dict[str, Any], workdir: Path) -> Iterator
         )
         if objective["metric"] == "protected_cpu_stall":
             acting.extra.update(ticks_to_target(daemon, config["global"]["http"]["listen"]))
+            # The burners run for the daemon's whole life: any weight put back is a restore under contention.
+            restores = [e for e in daemon.events() if e.get("event") == "reweigh" and e.get("restored")]
+            acting.extra["restores_under_contention"] = len(restores)
+            if restores:
+                acting.extra["restore_reasons"] = sorted({str(e.get("reason")) for e in restores})
         daemon.signal(signal.SIGTERM)
         acting.extra["daemon_exit"] = daemon.wait(120 if in_vm() else 15)
     finally:
@@ -403,7 +441,32 @@ STRATEGIES: dict[str, Callable[[Node, Path], contextlib.AbstractContextManager[A
     "node_waterline": lambda node, workdir: run_daemon(node, WATERLINE_OBJECTIVE, workdir),
     "tier_suppress": tier_suppress,
     "protect": lambda node, workdir: run_daemon(node, PROTECT_OBJECTIVE, workdir),
+    # protect with a hold far shorter than the run: the weights must stay down while the burners run.
+    "hold": lambda node, workdir: run_daemon(node, PROTECT_OBJECTIVE, workdir, weightHoldSeconds=HOLD_S),
+    # The lever protect uses (the batch tiers' weight at the least), held with no daemon: protect's tail baseline.
+    "static_lever": lambda node, workdir: static_lever(node),
 }
+
+
+@contextlib.contextmanager
+def static_lever(node: Node) -> Iterator[Acting]:
+    lever = Lever("idle_tiers", idle_tiers=True) if node.hierarchy.version == "v2" else STATIC_LEVER
+    with applied(node, lever):
+        yield Acting({"lever": lever.name})
+
+
+def daemon_tail(per: dict[str, Any]) -> dict[str, Any]:
+    """protect's p99 over the same lever's held statically, or why not: a run whose probe its own limit held is
+    reported as such, not compared."""
+    protect, static = per.get("protect") or {}, per.get("static_lever") or {}
+    if not protect.get("protected_p99_ms") or not static.get("protected_p99_ms"):
+        return {"daemon_tail_ratio": None, "daemon_tail_note": "protect or static_lever not run"}
+    held = {k: f for k, f in (("protect", protect), ("static_lever", static))
+            if f.get("protected_throttled_ms", 0) >= SELF_THROTTLED_MS}  # fmt: skip
+    if held:
+        said = ", ".join(f"{k} {v['protected_throttled_ms']} ms" for k, v in held.items())
+        return {"daemon_tail_ratio": None, "daemon_tail_note": f"probe throttled by its own limit: {said}"}
+    return {"daemon_tail_ratio": round(protect["protected_p99_ms"] / static["protected_p99_ms"], 2)}
 
 
 # --- levers: static settings on the burner pods --------------------------------------------------------
@@ -429,6 +492,7 @@ LEVERS = [
     Lever("shares2_tiers", shares=2, shares_on_tiers=True, shares_on_pods=False),
     Lever("idle_tiers", idle_tiers=True),
 ]  # fmt: skip
+STATIC_LEVER = next(lv for lv in LEVERS if lv.name == "shares2_tiers")  # v1: what the weight lever writes
 
 
 @contextlib.contextmanager
@@ -634,7 +698,7 @@ def run(args: argparse.Namespace, hierarchy: rc.Hierarchy) -> dict[str, Any]:
             for name in args.strategy or list(STRATEGIES):
                 per[name] = bench.strategy(scenario, name)
                 print(f"{scenario:16} {name:15} {json.dumps(per[name])}  load={load()}", flush=True)
-            result["scenarios"][scenario] = per
+            result["scenarios"][scenario] = {**per, **daemon_tail(per)}
         # The alone baseline again at the end: how far the machine's other work moved it during the run.
         result["alone_p99_ms_at_end"] = bench.alone()["alone_p99_ms"]
         result["load_after"] = load()

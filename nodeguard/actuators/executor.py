@@ -21,7 +21,7 @@ from nodeguard.actuators.ledger import Key, Ledger, LedgerUnsaved, LeverRecord
 from nodeguard.actuators.levers.base import Lever, WriteRefused
 from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.actuators.levers.cpu_weight import WeightLever
-from nodeguard.actuators.restore import Outcome, restore_all
+from nodeguard.actuators.restore import Outcome, restore_all, restore_record
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.samples import CpuMax
@@ -164,7 +164,7 @@ class Executor:
         """
         done = done or {}
         for workload_id in plan.departed:
-            self.ledger.forget((QUOTA, workload_id))
+            self._departed(workload_id)
         quota_actions = [a for a in plan.actions if isinstance(a, Throttle | Restore)]
         for action in quota_actions:
             if action.dry_run:
@@ -186,6 +186,19 @@ class Executor:
         if real or plan.departed:
             self._save("after writing")
         return Carried(state, refused, written, results.done)
+
+    def _departed(self, workload_id: str) -> None:
+        """A throttled workload the snapshot no longer shows: forgotten where its group left, its original put back
+        where the group is still there (discovery no longer lists it, or its read failed this tick), so no quota
+        outlives nodeguard's record of it."""
+        record = self.ledger.get(QUOTA, workload_id)
+        if record is None:
+            return
+        outcome = restore_record(self.quota, record)
+        if outcome is not Outcome.FAILED:
+            self.ledger.forget(record.key)
+        if outcome in (Outcome.RESTORED, Outcome.CHANGED):
+            log.info("quota of a workload no longer seen put back", workload=workload_id, outcome=outcome.value)
 
     def _quota_change(self, action: QuotaAction, before: GuardState, done: Mapping[str, CpuMax]) -> Change:
         held = before.throttles.get(action.workload_id)

@@ -196,3 +196,31 @@ def test_a_lowered_group_that_vanishes_leaves_the_ledger_and_the_state(tmp_path:
     after, _ = executor.reweigh(nothing, carried.state)
     assert after.lowered == {} and not ledger
     assert not Ledger.load(str(tmp_path / "run/ledger.json")), "saved without it"
+
+
+def test_a_throttled_workload_no_longer_seen_gets_its_original_back_where_its_group_stays(tmp_path: Path) -> None:
+    """A throttle whose workload the snapshot no longer lists (discovery dropped it, or its read failed) is put back
+    where the cgroup is still there, pod and capped container alike, and forgotten where it left."""
+    hierarchy = rc.v1_cpu_hierarchy()
+    parent = rc.unique_name()
+    ledger = Ledger.load(str(tmp_path / "ledger.json"))
+    executor = executor_for(str(hierarchy.writable), hierarchy.version, ledger)
+    throttled = CpuMax(20000)
+    throttles = {}
+    with rc.kubelet_pod(hierarchy, parent, "burstable", POD_LIMIT) as stays:
+        with rc.kubelet_pod(hierarchy, parent, "burstable", POD_LIMIT) as leaves:
+            for pod in (stays, leaves):
+                throttle_by_hand(executor, ledger, pod.pod, POD_LIMIT, throttled)
+                throttles[pod.pod] = HeldThrottle(pod.pod, POD_LIMIT, throttled, frozenset({Metric.CPU_TOTAL_USAGE}), 0.0)
+            ledger.save()
+        assert not (hierarchy.writable / leaves.pod).exists()
+        assert hierarchy.limit(stays.container) == throttled, "the container was capped with its pod"
+        state = GuardState(throttles=throttles)
+        # Neither throttled pod is in this snapshot: one was dropped by discovery, the other's cgroup is gone.
+        empty = snapshot([usage(f"{parent}/other", cores=0.1)], cpus=2, cores_used=0.3)
+        result = plan(empty, state, guard(cpu_throttle(1.6, 1.0)))
+        assert set(result.departed) == {stays.pod, leaves.pod}
+        executor.carry_out(result, state, empty)
+        assert hierarchy.limit(stays.pod) == POD_LIMIT and hierarchy.limit(stays.container) == POD_LIMIT
+        assert not ledger.of("cpu.max")
+        assert Ledger.load(str(tmp_path / "ledger.json")).of("cpu.max") == {}

@@ -1,0 +1,135 @@
+"""Every lever is crash-safe: a daemon SIGKILLed while it holds weights (and quotas) leaves a ledger that the
+next daemon, or ``restore --all``, puts back exactly.
+
+The node is test_protect_e2e's kubelet-shaped node (six Burstable burners, a
+Guaranteed pod harmed by them); the crash is a real SIGKILL of ``nodeguard
+run``; the kernel is this host's cgroup v1 and, marked ``kernel``, cgroup v2 in
+the QEMU VM.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodeguard.actuators.ledger import Ledger
+from tests import realcgroups as rc
+from tests.daemon_proc import DaemonProcess
+from tests.integration.test_guard_kubelet_e2e import SLOW
+from tests.integration.test_protect_e2e import ProtectedNode, protected_node
+
+REPO = Path(__file__).parents[2]
+HOLD = 3.0  # weightHoldSeconds of the daemons after the crash
+
+
+@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
+def node(request: pytest.FixtureRequest) -> Iterator[ProtectedNode]:
+    hierarchy = rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
+    with protected_node(hierarchy) as shaped:
+        yield shaped
+
+
+def held(ledger: Path) -> dict[str, set[str]]:
+    """The groups each lever holds in the ledger file."""
+    found = Ledger.load(str(ledger))
+    return {lever: set(found.of(lever)) for lever in ("cpu.max", "cpu.weight")}
+
+
+def crash_holding(node: ProtectedNode, tmp_path: Path, *, quotas: bool) -> Path:
+    """Run a daemon until it holds the Burstable tier's weight down (and, with ``quotas``, burners' quotas too),
+    then SIGKILL it; returns the ledger it left."""
+    ledger = tmp_path / "run/ledger.json"
+    guard: dict[str, Any] = {"weightHoldSeconds": 600}
+    config = node.config(ledger, **guard)
+    if quotas:  # a node waterline the burners exceed: their quotas go down beside the tier's weight
+        config["global"]["guard"]["objectives"].append({
+            "metric": "cpu_total_utilization", "action": "throttle", "threshold": "50%", "restoreBelow": "30%",
+            "triggerAfter": 1, "restoreAfter": 2,
+        })  # fmt: skip
+    daemon = DaemonProcess(config, tmp_path).start()
+    tier = f"{node.parent}/kubepods/burstable"
+    try:
+        if quotas:
+            daemon.wait_for(lambda: all(held(ledger).values()), 30 * SLOW, "a weight and a quota held")
+        else:  # killed as soon as the weight is down: before any quota streak could begin
+            daemon.wait_for(lambda: tier in held(ledger)["cpu.weight"], 30 * SLOW, "the tier's weight held")
+    finally:
+        daemon.kill()
+    assert daemon.wait() == -signal.SIGKILL
+    return ledger
+
+
+def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ProtectedNode, tmp_path: Path) -> None:
+    """A ledger holding only the tier's lowered weight, left by a SIGKILLed daemon, is put back by the next daemon
+    before its first tick (onStart: restore), and the ledger empties."""
+    node.start(burners=6)
+    time.sleep(1.0)
+    ledger = crash_holding(node, tmp_path, quotas=False)
+    assert held(ledger) == {"cpu.max": set(), "cpu.weight": {f"{node.parent}/kubepods/burstable"}}
+    assert node.changed(), "the crash left the weight down"
+    node.stop_burners()
+
+    (tmp_path / "second").mkdir()
+    daemon = DaemonProcess(node.config(ledger, weightHoldSeconds=HOLD), tmp_path / "second").start()
+    try:
+        daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
+        events = [e.get("event") for e in daemon.events()]
+        assert "restored the ledger's records" in events
+        assert events.index("restored the ledger's records") < events.index("tick")
+        assert not node.changed(), "every weight and limit back before the first tick"
+        assert not Ledger.load(str(ledger))
+    finally:
+        daemon.kill()
+
+
+def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: ProtectedNode, tmp_path: Path) -> None:
+    """With onStart: adopt the next daemon takes the crashed one's lowered weight as its own and, the harm gone,
+    puts it back within weightHoldSeconds while it runs."""
+    node.start(burners=6)
+    time.sleep(1.0)
+    ledger = crash_holding(node, tmp_path, quotas=False)
+    tier = f"{node.parent}/kubepods/burstable"
+    assert node.hierarchy.weight(tier) != node.weights[tier]
+    node.stop_burners()
+
+    (tmp_path / "second").mkdir()
+    config = node.config(ledger, weightHoldSeconds=HOLD)
+    config["global"]["actuation"]["onStart"] = "adopt"
+    daemon = DaemonProcess(config, tmp_path / "second").start()
+    try:
+        daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
+        adopted = next(e for e in daemon.events() if e.get("event") == "re-adopted the ledger's records")
+        assert adopted["cpu.weight"] == 1, adopted
+        took = daemon.wait_for(lambda: not node.changed(), (HOLD + 10) * SLOW, "the weight back while running")
+        assert daemon.proc is not None and daemon.proc.poll() is None, "put back by the running daemon"
+        assert took <= (HOLD + 10) * SLOW
+        daemon.wait_for(lambda: not Ledger.load(str(ledger)), 5 * SLOW, "the ledger emptied")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(timeout=10 * SLOW) == 0
+    finally:
+        daemon.kill()
+
+
+def test_weights_and_quotas_both_come_back_after_a_crash(node: ProtectedNode, tmp_path: Path) -> None:
+    """A crash while both levers hold (the tier's weight and burners' quotas): the next daemon (onStart: adopt)
+    puts every weight and limit back once the burners stop, and the ledger empties."""
+    node.start(burners=6)
+    time.sleep(1.0)
+    ledger = crash_holding(node, tmp_path, quotas=True)
+    assert all(held(ledger).values())
+    node.stop_burners()
+
+    (tmp_path / "second").mkdir()
+    config = node.config(ledger, weightHoldSeconds=HOLD)
+    config["global"]["actuation"]["onStart"] = "adopt"
+    daemon = DaemonProcess(config, tmp_path / "second").start()
+    try:
+        daemon.wait_for(lambda: not node.changed(), 40 * SLOW, "every weight and limit back")
+        daemon.wait_for(lambda: not Ledger.load(str(ledger)), 5 * SLOW, "the ledger emptied")
+    finally:
+        daemon.kill()

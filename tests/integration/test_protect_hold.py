@@ -1,0 +1,103 @@
+"""Weights come back on the competitors' demand, not on a timer: the real daemon, a hold far shorter than the
+contention, and a protected pod whose service level is measured the whole time.
+
+test_protect_e2e's kubelet-shaped node (six Burstable burners at equal weights,
+a Guaranteed pod), the protected pod running the probe of tests/workloads.py (a
+4 ms unit of CPU every 10 ms; its lateness is its service level) under a 1-core
+limit, so that its tail is what the burners and the daemon do to it, not its own
+quota. cgroup v1 on this host; v2 in the QEMU VM (marked ``kernel``).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.model.samples import CpuMax
+from tests import realcgroups as rc
+from tests.daemon_proc import DaemonProcess
+from tests.integration.test_guard_kubelet_e2e import SLOW
+from tests.integration.test_protect_e2e import ProtectedNode, protected_node
+from tests.workloads import CPU_UNITS, probe_lateness, start_probe
+
+HOLD = 3.0  # weightHoldSeconds: a fifth of a measured window
+WINDOW = 15.0  # seconds of each window whose p99 is judged
+CONTENTION = 30.0  # seconds measured under contention, after the weight came down
+ALONE = 12.0
+PROTECTED_LIMIT = CpuMax(100000)  # 1 core at the pod and its container: the probe's 0.4 core never hits it
+
+
+@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
+def node(request: pytest.FixtureRequest) -> Iterator[ProtectedNode]:
+    hierarchy = rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
+    with protected_node(hierarchy) as shaped:
+        hierarchy.set_limit(shaped.protected.pod, PROTECTED_LIMIT)  # raised: the pod before its container
+        hierarchy.set_limit(shaped.protected.container, PROTECTED_LIMIT)
+        shaped.record_originals()
+        yield shaped
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    assert ordered, "the probe reported no unit"
+    return ordered[max(0, -(-99 * len(ordered) // 100) - 1)]
+
+
+def windows(text: str, since: float, until: float) -> list[float]:
+    """The p99 lateness (ms) of every WINDOW-second stretch of [since, until), 5 s apart."""
+    found, start = [], since
+    while start + WINDOW <= until + 1e-6:
+        found.append(p99(probe_lateness(text, round(start * 1e6), round((start + WINDOW) * 1e6))))
+        start += 5.0
+    return found
+
+
+def test_weights_stay_down_under_lasting_contention_and_come_back_when_it_ends(
+    node: ProtectedNode, tmp_path: Path
+) -> None:
+    """With a 3 s hold and burners that never stop, the tier's weight stays down (no restore while they run) and
+    the protected probe's p99 in every 15 s window stays within 1.5x its p99 alone; once the burners stop, the
+    weight is back within the hold and the ledger is empty."""
+    out = tmp_path / "probe.txt"
+    probe = start_probe(out, CPU_UNITS, *node.hierarchy.dirs(node.protected.inner))
+    node.procs.append(probe)
+    time.sleep(2.0)
+    since = time.monotonic()
+    time.sleep(ALONE)
+    alone = p99(probe_lateness(out.read_text(), round(since * 1e6), round(time.monotonic() * 1e6)))
+
+    node.procs += [pod.start_busy() for pod in node.burners]
+    tier = f"{node.parent}/kubepods/burstable"
+    daemon = DaemonProcess(node.config(tmp_path / "run/ledger.json", weightHoldSeconds=HOLD), tmp_path).start()
+    try:
+        daemon.wait_for(lambda: node.hierarchy.weight(tier) != node.weights[tier], 30 * SLOW, "the weight lowered")
+        time.sleep(HOLD)  # the harm that brought it drains
+        since = time.monotonic()
+        lowered_throughout = True
+        while time.monotonic() - since < CONTENTION:
+            lowered_throughout &= node.hierarchy.weight(tier) != node.weights[tier]
+            time.sleep(0.5)
+        until = time.monotonic()
+        restored = [e for e in daemon.events() if e.get("event") == "reweigh" and e.get("restored")]
+        assert not restored, f"weights put back while the burners ran: {restored}"
+        assert lowered_throughout
+        ratios = [round(w / alone, 2) for w in windows(out.read_text(), since, until)]
+        assert len(ratios) >= 3
+        assert max(ratios) <= 1.5, f"p99 per 15 s window over {alone:.2f} ms alone: {ratios}"
+
+        node.stop_burners()
+        stopped = time.monotonic()
+        daemon.wait_for(lambda: node.hierarchy.weight(tier) == node.weights[tier], (HOLD + 10) * SLOW,
+                        "the weight back once the burners stopped")  # fmt: skip
+        assert time.monotonic() - stopped <= (HOLD + 10) * SLOW
+        daemon.wait_for(lambda: not node.changed(), 10 * SLOW, "every weight and limit back")
+        daemon.wait_for(lambda: not Ledger.load(str(tmp_path / "run/ledger.json")), 5 * SLOW, "the ledger emptied")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(timeout=10 * SLOW) == 0
+    finally:
+        daemon.kill()
