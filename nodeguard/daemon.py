@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodeguard import __version__
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
 from nodeguard.actuators.changes import Done
@@ -41,7 +40,6 @@ from nodeguard.node_identity import node_name
 from nodeguard.policy import planner
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
-from nodeguard.policy.trace import plan_to_data
 from nodeguard.sd_notify import Notifier
 from nodeguard.sources.sensor import Sensor
 
@@ -93,20 +91,6 @@ def hold_times(settings: Settings) -> HoldTimes:
 def held_counts(ledger: Ledger) -> dict[str, int]:
     """How many groups each registered lever holds."""
     return {name: len(ledger.of(name)) for name in levers.NAMES}
-
-
-def held_view(ledger: Ledger, lever: str) -> dict[str, dict[str, Any]]:
-    """One lever's records as /status shows them."""
-    return {
-        group: {
-            "original": r.original,
-            "applied": r.applied,
-            "reason": r.reason,
-            "since": r.changed_at,
-            "children": {p: {"original": c.original, "applied": c.applied} for p, c in r.children.items()},
-        }
-        for group, r in ledger.of(lever).items()
-    }
 
 
 class Closable(Protocol):
@@ -337,47 +321,6 @@ class Daemon:
         stale = max(STALE_TICKS * self.settings.sensing.tick_seconds, STALE_SECONDS)
         age = time.monotonic() - last
         return f"no successful tick for {age:.0f}s" if age > stale else None
-
-    def status(self) -> dict[str, Any]:
-        """What /status and ``nodeguard status`` show."""
-        snapshot = self.last_snapshot
-        return {
-            "version": __version__,
-            "node": self.labels.get("kubernetes.io/hostname"),
-            "cgroup": self.sensor.layout.version,
-            "dryRun": self.settings.actuation.dry_run,
-            "ticks": self.stats.ticks,
-            "tickErrors": self.stats.errors,
-            "lastTickSeconds": self.stats.durations[-1] if self.stats.durations else None,
-            "node_usage": None
-            if snapshot is None
-            else {
-                "cpus": snapshot.node.cpus,
-                "cores_used": snapshot.node.cores_used,
-                "memory_used": snapshot.node.memory_used,
-                "memory_total": None if snapshot.node.memory is None else snapshot.node.memory.total,
-                "load1": None if snapshot.node.load is None else snapshot.node.load.load1,
-            },
-            "plan": None if self.last_plan is None else plan_to_data(self.last_plan, candidate_limit=10),
-            "held": {name: held_view(self.ledger, name) for name in self.levers},
-            "throttles": held_view(self.ledger, "cpu.max"),
-            "weights": held_view(self.ledger, "cpu.weight"),
-            "heldBack": {
-                wid: {
-                    "error": h.error,
-                    "file": h.file,
-                    "detail": h.detail,
-                    "failures": h.failures,
-                    "retryInSeconds": max(0.0, h.until - time.monotonic()),
-                }
-                for wid, h in self.state.held_back.items()
-                if h.until > time.monotonic()
-            },
-            "health": self.health(),
-            "gate": self.gate.status(),
-            "coordination": self.coordination.status(),
-            "kubernetes": None if self.kube is None else self.kube.status(),
-        }
 
     async def _tick_loop(self) -> None:
         next_tick = time.monotonic()

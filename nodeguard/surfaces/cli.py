@@ -133,6 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from nodeguard.kubernetes.nodes import fetch_node_labels_sync, merge_labels
     from nodeguard.surfaces.http import HttpServer
     from nodeguard.surfaces.metrics import Metrics
+    from nodeguard.surfaces.status import status_of
 
     document = load_document(args.config) if args.config else Document()
     name = args.node_name or node_name()
@@ -166,7 +167,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = Metrics(daemon.view)
     daemon.on_tick.append(metrics.tick_duration.observe)
     daemon.gate.on_admission = metrics.gate_wait.observe
-    http = HttpServer(metrics.registry, daemon.health, daemon.status)
+    http = HttpServer(metrics.registry, daemon.health, lambda: status_of(daemon))
     return asyncio.run(daemon.run(serve=http.start))
 
 

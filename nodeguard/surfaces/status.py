@@ -1,0 +1,67 @@
+"""What /status shows of the running daemon (``nodeguard status`` reads it), each lever's held groups included."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nodeguard import __version__
+from nodeguard.actuators.ledger import Ledger
+from nodeguard.daemon import Daemon
+from nodeguard.policy.trace import plan_to_data
+
+
+def held_view(ledger: Ledger, lever: str) -> dict[str, dict[str, Any]]:
+    """One lever's records as /status shows them."""
+    return {
+        group: {
+            "original": r.original,
+            "applied": r.applied,
+            "reason": r.reason,
+            "since": r.changed_at,
+            "children": {p: {"original": c.original, "applied": c.applied} for p, c in r.children.items()},
+        }
+        for group, r in ledger.of(lever).items()
+    }
+
+
+def status_of(daemon: Daemon) -> dict[str, Any]:
+    """What /status and ``nodeguard status`` show."""
+    snapshot = daemon.last_snapshot
+    return {
+        "version": __version__,
+        "node": daemon.labels.get("kubernetes.io/hostname"),
+        "cgroup": daemon.sensor.layout.version,
+        "dryRun": daemon.settings.actuation.dry_run,
+        "ticks": daemon.stats.ticks,
+        "tickErrors": daemon.stats.errors,
+        "lastTickSeconds": daemon.stats.durations[-1] if daemon.stats.durations else None,
+        "node_usage": None
+        if snapshot is None
+        else {
+            "cpus": snapshot.node.cpus,
+            "cores_used": snapshot.node.cores_used,
+            "memory_used": snapshot.node.memory_used,
+            "memory_total": None if snapshot.node.memory is None else snapshot.node.memory.total,
+            "load1": None if snapshot.node.load is None else snapshot.node.load.load1,
+        },
+        "plan": None if daemon.last_plan is None else plan_to_data(daemon.last_plan, candidate_limit=10),
+        "held": {name: held_view(daemon.ledger, name) for name in daemon.levers},
+        "throttles": held_view(daemon.ledger, "cpu.max"),
+        "weights": held_view(daemon.ledger, "cpu.weight"),
+        "heldBack": {
+            wid: {
+                "error": h.error,
+                "file": h.file,
+                "detail": h.detail,
+                "failures": h.failures,
+                "retryInSeconds": max(0.0, h.until - time.monotonic()),
+            }
+            for wid, h in daemon.state.held_back.items()
+            if h.until > time.monotonic()
+        },
+        "health": daemon.health(),
+        "gate": daemon.gate.status(),
+        "coordination": daemon.coordination.status(),
+        "kubernetes": None if daemon.kube is None else daemon.kube.status(),
+    }
