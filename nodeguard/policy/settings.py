@@ -149,6 +149,47 @@ class EvictionBudget(Model):
     )
 
 
+class ProtectSettings(Model):
+    """The tuning of protected_cpu_stall's phases (nodeguard.policy.protect): weights first, then quotas on trial."""
+
+    weight_hold_seconds: float = Field(
+        300.0,
+        ge=0,
+        le=86_400,
+        description="a lowered weight is put back once no protected workload has been harmed for this long "
+        "(and the work under it no longer waits for CPU the node does not have)",
+    )
+    drain_share: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="after weights come down, quotas wait while the stall is at most this share of what it was: "
+        "the weights work, and what is left drains",
+    )
+    drain_patience_ticks: int = Field(
+        20, ge=0, le=1000, description="how many ticks after the last weights came down that draining may last"
+    )
+    streak_ticks: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="with the weights down, quotas wait for the stall to stay over target this many ticks in a row",
+    )
+    trial_ticks: int = Field(
+        10, ge=1, le=1000, description="quotas set for the stall after the weights are judged after this many ticks"
+    )
+    futile_share: float = Field(
+        0.7,
+        gt=0,
+        le=1,
+        description="quotas whose mean stall over their trial is above this share of the stall that brought them "
+        "buy nothing: they all go back",
+    )
+    quota_off_seconds: float = Field(
+        300.0, ge=0, le=86_400, description="how long the quota lever stays off after quotas judged futile"
+    )
+
+
 class GuardSettings(Model):
     objectives: list[Objective] = []
     candidates: Candidates = Candidates()
@@ -174,11 +215,16 @@ class GuardSettings(Model):
         description="protected_cpu_stall acts first by lowering the CPU weight of the groups that compete with the "
         "harmed workload (work-conserving; bench/protect.py), then by quota; 'quota': by quota only",
     )
-    weight_hold_seconds: float = Field(
-        300.0,
+    protect: ProtectSettings = Field(
+        ProtectSettings(), description="how protected_cpu_stall moves from the weight lever to quotas and back"
+    )
+    weight_hold_seconds: float | None = Field(
+        None,
         ge=0,
         le=86_400,
-        description="a lowered weight is put back once no protected workload has been harmed for this long",
+        description="deprecated, use protect.weightHoldSeconds: sets it, and protect.quotaOffSeconds unless that "
+        "is given (they were one timer)",
+        json_schema_extra={"deprecated": True},
     )
     failed_write_backoff_seconds: float = Field(
         30.0,
@@ -189,6 +235,27 @@ class GuardSettings(Model):
     )
     evictions: EvictionBudget = EvictionBudget()
     dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _weight_hold_alias(self) -> GuardSettings:
+        # The deprecated top-level key drove both timers; it fills what protect does not set itself.
+        hold = self.weight_hold_seconds
+        if hold is None:
+            return self
+        given = self.protect.model_fields_set
+        if "weight_hold_seconds" in given and self.protect.weight_hold_seconds != hold:
+            raise PydanticCustomError(
+                "weight_hold_twice",
+                "weightHoldSeconds ({hold}) and protect.weightHoldSeconds ({inner}) disagree; keep "
+                "protect.weightHoldSeconds",
+                {"hold": hold, "inner": self.protect.weight_hold_seconds},
+            )
+        update = {"weight_hold_seconds": hold}
+        if "quota_off_seconds" not in given:
+            update["quota_off_seconds"] = hold
+        protect = self.protect.model_copy(update=update)
+        object.__setattr__(self, "protect", protect)  # frozen: set once, while validating
+        return self
 
     @model_validator(mode="after")
     def _no_self_inflicted_evictions(self) -> GuardSettings:

@@ -17,6 +17,7 @@ never read: throttling it inflates it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import NamedTuple
 
@@ -102,3 +103,54 @@ def competing_demand(competitors: Iterable[WorkloadUsage], idle_cores: float) ->
         return 0.0 if idle_cores >= IDLE_CORES else sum(u.cores or 0.0 for u in found)
     waited = sum(max(0.0, (u.waiting_cores or 0.0) - (u.throttled_cores or 0.0)) for u in known)
     return max(0.0, waited - idle_cores)
+
+
+@dataclass(frozen=True, slots=True)
+class ProtectedStall:
+    workload_id: str
+    name: str
+    stall_pct: float | None  # None before it has a usage rate
+    waiting_cores: float | None  # all its threads' run-queue wait (v1), for the record
+
+
+class ProtectedStalls:
+    """The protected workloads' stalls for one tick, worked out when first asked for: a tick that neither acts
+    for them nor reports them does nothing per workload."""
+
+    def __init__(self, workloads: Mapping[str, WorkloadUsage], patterns: tuple[str, ...]) -> None:
+        self._workloads = workloads
+        self._patterns = patterns
+        self._found: list[Stall] | None = None
+        self._worst: tuple[Harmed | None] | None = None
+        self._report: tuple[ProtectedStall, ...] | None = None
+
+    def all(self) -> list[Stall]:
+        if self._found is None:
+            self._found = stalls(self._workloads, self._patterns)
+        return self._found
+
+    def worst(self) -> Harmed | None:
+        if self._worst is None:
+            self._worst = (worst(self.all()),)
+        return self._worst[0]
+
+    def reading(self) -> float | None:
+        """The worst protected stall in percent; 0 with nothing protected (nobody harmed); None while every
+        protected workload is too new to have one."""
+        harmed = self.worst()
+        if harmed is not None:
+            return 100.0 * harmed.share
+        return None if self.all() else 0.0
+
+    def report(self) -> tuple[ProtectedStall, ...]:
+        if self._report is None:
+            self._report = tuple(
+                ProtectedStall(
+                    s.usage.workload.id,
+                    s.usage.workload.name,
+                    None if s.share is None else 100.0 * s.share,
+                    s.usage.waiting_cores,
+                )
+                for s in self.all()
+            )
+        return self._report

@@ -1,0 +1,285 @@
+"""The tick context: what one plan() call reads, and what its features have planned so far.
+
+The features (throttle, evict, restore and refill, protect) run in the order
+planner.run() gives them and share this context: the readings and the
+waterlines, the candidates and their rankings (computed when a feature first
+asks, so a calm tick does no work per workload), and this tick's own ledger
+(quotas planned, cores and memory released, evictions, what is blocked and
+why). It is scratch for one call and never outlives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from nodeguard.model.samples import CpuMax
+from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
+from nodeguard.policy.actions import Action, Blocked, Cause
+from nodeguard.policy.gaps import compute_gaps
+from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
+from nodeguard.policy.ranking import Ranked, ordering
+from nodeguard.policy.settings import GuardSettings
+from nodeguard.policy.stall import ProtectedStalls, covers, is_protected
+from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, Key, PendingEviction
+from nodeguard.policy.waterlines import Waterline, resolve_waterlines
+
+# A gap under one millicore (Kubernetes' smallest CPU unit) is closed: quotas
+# are whole microseconds, and rounding must not touch one more workload.
+CLOSED_CORES = 1e-3
+METRIC_ORDER = {metric: index for index, metric in enumerate(CAPABILITIES)}
+
+
+def fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def first_reason(metrics: frozenset[Metric]) -> Metric:
+    # A throttle adopted from an older run's ledger may not know its reason.
+    return min(metrics, key=METRIC_ORDER.__getitem__) if metrics else Metric.CPU_TOTAL_USAGE
+
+
+class Readings(Mapping[Metric, float | None]):
+    """Every metric's node value, in its unit; protected_cpu_stall, which takes every protected workload's stall,
+    is worked out when first asked for (a what-if value is used as given)."""
+
+    def __init__(self, node: NodeUsage, stalls: ProtectedStalls) -> None:
+        self._values = {metric: cap.read(node) for metric, cap in CAPABILITIES.items()}
+        self._stalls = stalls if self._values[Metric.PROTECTED_CPU_STALL] is None else None
+
+    def __getitem__(self, metric: Metric) -> float | None:
+        if metric is Metric.PROTECTED_CPU_STALL and self._stalls is not None:
+            self._values[metric] = self._stalls.reading()
+            self._stalls = None
+        return self._values[metric]
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class Tick:
+    """Scratch for one plan() call, shared by its features."""
+
+    def __init__(self, snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> None:
+        self.snapshot = snapshot
+        self.node = snapshot.node
+        self.now = snapshot.monotonic
+        self.state = state
+        self.guard = guard
+        self.workloads = snapshot.workloads
+        self.lines = resolve_waterlines(guard.objectives, self.node)
+        self.stall_line = self.lines.get((Metric.PROTECTED_CPU_STALL, "throttle"))
+        self.protect = self.stall_line.protect if self.stall_line is not None else ()
+        self.stalls = ProtectedStalls(self.workloads, self.protect)
+        self.readings = Readings(self.node, self.stalls)
+        self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
+        self.margin = guard.target_margin_percent / 100.0 * self.node.cpus
+
+        self.departed = tuple(wid for wid in state.throttles if wid not in self.workloads)
+        self.throttles = {wid: h for wid, h in state.throttles.items() if wid in self.workloads}
+        self.held_before = bool(self.throttles)
+        timeout = guard.evictions.termination_timeout_seconds
+        self.evictions: dict[str, PendingEviction] = {}
+        expired = []
+        for wid, pending in state.evictions.items():
+            if wid not in self.workloads:
+                continue  # gone: released
+            if self.now - pending.since > timeout:
+                expired.append(pending)
+            else:
+                self.evictions[wid] = pending
+        self.expired = tuple(expired)
+        # Kept for workloads still here, and for groups (a refused weight) that still hold one.
+        self.held_back = {
+            wid: h
+            for wid, h in state.held_back.items()
+            if wid in self.workloads or any(covers(wid, other) for other in self.workloads)
+        }
+        self.holding = {wid for wid, h in self.held_back.items() if h.until > self.now}
+
+        self.gaps = compute_gaps(self.readings, self.lines, bool(self.throttles))
+        self.streaks = self._streaks()
+        self.cooling = {key for key, ticks in state.cooldowns.items() if ticks > 0}
+        self.cooldowns = {key: ticks - 1 for key, ticks in state.cooldowns.items() if ticks > 1}
+
+        self.actions: list[Action] = []
+        self.blocked: list[Blocked] = []
+        self.rankings: dict[tuple[str, ...], Ranked] = {}
+        self._candidates: list[WorkloadUsage] | None = None
+        self._unknown: dict[Resource, list[str]] = {}
+        self.planned: dict[str, CpuMax] = {}  # quotas lowered this tick
+        self._absorbing: tuple[float, float] | None = None  # (cores freed CPU goes to, share of waits that is demand)
+        self.released_cores = 0.0  # by this tick's throttles and evictions
+        self.released_memory = 0
+        self.evicted: set[str] = set()
+        self.evicted_count = {False: 0, True: 0}  # by dry_run
+        self.last_eviction = dict(state.last_eviction)
+
+    # --- readings and streaks ------------------------------------------------------
+
+    def per_unit(self, metric: Metric) -> float:
+        scale = CAPABILITIES[metric].per_resource_unit
+        assert scale is not None, f"{metric} is not quantified"
+        return scale(self.node)
+
+    def room(self, line: Waterline, value: float) -> float:
+        """Cores between the node's reading and what a throttle aims at (the waterline less the margin)."""
+        return (line.threshold - value) / self.per_unit(line.metric) - self.margin
+
+    def _streaks(self) -> dict[Key, int]:
+        old = self.state.streaks
+        streaks: dict[Key, int] = {}
+        for (metric, action), line in self.lines.items():
+            value = self.readings[metric]
+            key = (metric, Direction.THROTTLE if action == "throttle" else Direction.EVICT)
+            past = value is not None and value > line.threshold
+            streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if past else 0
+            if line.restore_below is not None:
+                key = (metric, Direction.RESTORE)
+                calm = value is not None and value < line.restore_below
+                streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if calm else 0
+            if line.action == "throttle" and line.quantified:
+                key = (metric, Direction.REFILL)
+                room = value is not None and self.room(line, value) >= self.min_change
+                streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if room else 0
+        return streaks
+
+    # --- blocked -------------------------------------------------------------------
+
+    def block(self, metric: Metric, direction: Direction, cause: Cause, detail: str) -> None:
+        self.blocked.append(Blocked(metric, direction, cause, detail))
+
+    def missing_sample(self, metric: Metric, direction: Direction) -> None:
+        self.block(metric, direction, "missing-sample", f"no {metric} sample (first tick, or not available here)")
+
+    def dry(self, line: Waterline) -> bool:
+        return self.guard.dry_run or line.dry_run
+
+    def holding_note(self) -> str:
+        if not self.holding:
+            return ""
+        shown = sorted(self.holding)
+        names = ", ".join(f"{wid} ({self.held_back[wid].error})" for wid in shown[:3])
+        return f"; {len(shown)} held back after refused writes: {names}" + (" …" if len(shown) > 3 else "")
+
+    # --- candidates ----------------------------------------------------------------
+
+    def candidates(self) -> list[WorkloadUsage]:
+        if self._candidates is None:
+            spec = self.guard.candidates
+            classes = frozenset(spec.classes)
+            below = spec.below_priority
+            pending = self.evictions
+            self._candidates = [
+                u
+                for wid, u in self.workloads.items()
+                if not u.workload.protected
+                and u.workload.metadata_known
+                and not (self.protect and is_protected(u.workload, self.protect))
+                and u.workload.qos_class in classes
+                and (below is None or u.workload.priority < below)
+                and wid not in pending
+                and wid not in self.holding
+            ]
+        return self._candidates
+
+    def candidate_count(self) -> int | None:
+        """How many candidates there were; None when no feature needed them."""
+        return None if self._candidates is None else len(self._candidates)
+
+    def ranked(self, names: tuple[str, ...]) -> Ranked:
+        ranked = self.rankings.get(names)
+        if ranked is None:
+            ranked = self.rankings[names] = ordering(names).rank(self.candidates())
+        return ranked
+
+    def unknown(self, resource: Resource) -> list[str]:
+        """Candidates without a usage sample for ``resource``: they block the metric."""
+        ids = self._unknown.get(resource)
+        if ids is None:
+            if resource is Resource.CPU:
+                ids = [u.workload.id for u in self.candidates() if u.cores is None]
+            else:
+                ids = [u.workload.id for u in self.candidates() if u.memory_bytes is None]
+            self._unknown[resource] = ids
+        return ids
+
+    def ready(self, line: Waterline, direction: Direction) -> bool:
+        """The circuit breaker, the trigger streak and the cool-down, for a line past its waterline."""
+        metric = line.metric
+        key = (metric, direction)
+        streak = self.streaks.get(key, 0)
+        if streak < line.trigger_after:
+            self.block(metric, direction, "confirming", f"past the waterline {streak}/{line.trigger_after} ticks")
+            return False
+        if key in self.cooling:
+            self.block(metric, direction, "cooldown", "measuring the effect of the last action")
+            return False
+        missing = self.unknown(CAPABILITIES[metric].resource)
+        if missing:
+            shown = ", ".join(missing[:3]) + (" …" if len(missing) > 3 else "")
+            self.block(metric, direction, "missing-sample", f"{len(missing)} candidate(s) without usage yet: {shown}")
+            return False
+        return True
+
+    def gap_to_close(self, line: Waterline, direction: Direction) -> float | None:
+        """The line's gap when it is to be acted on now (a sample, past its waterline, ready); else None."""
+        metric = line.metric
+        if self.readings[metric] is None:
+            self.missing_sample(metric, direction)
+            return None
+        gaps = self.gaps.throttle_down if direction is Direction.THROTTLE else self.gaps.evict
+        gap = gaps.get(metric)
+        if gap is None or not self.ready(line, direction):
+            return None
+        return gap
+
+    # --- demand: what freed CPU goes to --------------------------------------------
+
+    def current_limit(self, usage: WorkloadUsage) -> CpuMax | None:
+        wid = usage.workload.id
+        planned = self.planned.get(wid)
+        if planned is not None:
+            return planned
+        held = self.throttles.get(wid)
+        return held.quota if held is not None else usage.cpu_max
+
+    def _waiting(self, usage: WorkloadUsage, candidate: bool = True) -> float:
+        """What it would take of freed CPU, in cores, as far as its own limit lets it: for a candidate the wait of
+        its never-sleeping threads; for a workload the throttles make room for (protected, more important), all
+        its threads waited for, as it is the one to get the room."""
+        waiting = usage.starved_cores if candidate else usage.waiting_cores
+        if not waiting or usage.cores is None:
+            return 0.0
+        limit = self.current_limit(usage)
+        cores = None if limit is None else limit.cores
+        return waiting if cores is None else min(waiting, max(0.0, cores - usage.cores))
+
+    def absorbing(self) -> float:
+        """Cores that CPU freed now would go to: what runnable workloads waited for, past the node's idle CPU.
+
+        Waits on a node with idle CPU are wake-up latency, not unmet demand.
+        """
+        if self._absorbing is None:
+            candidates = {u.workload.id for u in self.candidates()}
+            waiting = sum(
+                self._waiting(u, wid in candidates) for wid, u in self.workloads.items() if wid not in self.evictions
+            )
+            idle = self.idle_cores()
+            absorbing = max(0.0, waiting - idle)
+            self._absorbing = (absorbing, absorbing / waiting if waiting > 0 else 0.0)
+        return self._absorbing[0]
+
+    def unmet(self, usage: WorkloadUsage) -> float:
+        """The part of its wait that is demand the node did not meet."""
+        self.absorbing()
+        assert self._absorbing is not None
+        return self._absorbing[1] * self._waiting(usage)
+
+    def demand(self, usage: WorkloadUsage) -> float | None:
+        return None if usage.cores is None else usage.cores + self.unmet(usage)
+
+    def idle_cores(self) -> float:
+        return max(0.0, self.node.cpus - (self.node.cores_used or float(self.node.cpus)))
