@@ -117,6 +117,7 @@ def plan(snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> Plan:
     if not restore(tick, throttle_lines):
         refill(tick, throttle_lines)
     protection.end()
+    protected = protection.state
     new_state = GuardState(
         streaks=tick.streaks,
         cooldowns=tick.cooldowns,
@@ -124,6 +125,11 @@ def plan(snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> Plan:
         evictions=tick.evictions,
         last_eviction=tick.last_eviction,
         held_back=tick.held_back,
+        lowered=protected.lowered,
+        last_harm=protected.last_harm,
+        recent_stall=protected.recent_stall,
+        quota_trial=protected.trial,
+        quotas_futile_until=protected.futile_until,
     )
     return Plan(
         monotonic=tick.now,
@@ -140,5 +146,5 @@ def plan(snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> Plan:
         reweighs=tuple(protection.reweighs),
         workloads=len(tick.workloads),
         candidates=tick.candidate_count(),
-        state=protection.state.into(new_state),
+        state=new_state,
     )

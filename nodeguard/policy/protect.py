@@ -18,7 +18,7 @@ bring the harm back. With guard.protectLever "quota", quotas act at once and
 are never on trial.
 
 Everything here is pure: ``ProtectState`` is what protection carries between
-ticks (GuardState keeps its fields), ``step`` the phase decision at the stall
+ticks (GuardState keeps its fields: ``of``, and planner.plan writes them back), ``step`` the phase decision at the stall
 objective's line; ``observe`` and ``judge`` run at the start of a tick and
 ``weights_may_return`` at its end (protect_levers applies them to the tick).
 """
@@ -61,16 +61,6 @@ class ProtectState:
     @classmethod
     def of(cls, state: GuardState) -> ProtectState:
         return cls(state.lowered, state.last_harm, state.recent_stall, state.quota_trial, state.quotas_futile_until)
-
-    def into(self, state: GuardState) -> GuardState:
-        return replace(
-            state,
-            lowered=self.lowered,
-            last_harm=self.last_harm,
-            recent_stall=self.recent_stall,
-            quota_trial=self.trial,
-            quotas_futile_until=self.futile_until,
-        )
 
     def phase(self, now: float) -> Phase:
         """Where protection stands between ticks (DRAINING and QUOTA_STREAK need a tick's reading: ``step``)."""
