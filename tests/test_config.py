@@ -262,3 +262,39 @@ def test_objectives_that_would_feed_on_their_own_throttles_are_refused() -> None
         parse_document({"global": {"guard": {"objectives": [throttle, evict]}}})
     assert "objectives[1].metric is cpu_pressure" in raised.value.problems[0]
     assert parse_document({"global": {"guard": {"objectives": [evict]}}}).global_.guard.objectives[0].metric == "cpu_pressure"
+
+
+def test_guard_protect_defaults_and_the_old_weight_hold_key() -> None:
+    """guard.protect defaults to the planner's former constants; the deprecated guard.weightHoldSeconds sets the
+    weights' hold and, unless protect.quotaOffSeconds is given, the quota lever's off time too."""
+
+    def protect(guard: dict[str, Any]) -> dict[str, Any]:
+        settings = parse_document({"global": {"guard": guard}}).settings_for({})
+        return settings.guard.protect.model_dump(by_alias=True)
+
+    assert protect({}) == {
+        "weightHoldSeconds": 300.0,
+        "drainShare": 0.5,
+        "drainPatienceTicks": 20,
+        "streakTicks": 4,
+        "trialTicks": 10,
+        "futileShare": 0.7,
+        "quotaOffSeconds": 300.0,
+    }
+    assert protect({"weightHoldSeconds": 60}) == protect({"protect": {"weightHoldSeconds": 60, "quotaOffSeconds": 60}})
+    both = protect({"weightHoldSeconds": 60, "protect": {"quotaOffSeconds": 5}})
+    assert (both["weightHoldSeconds"], both["quotaOffSeconds"]) == (60.0, 5.0)
+    only = protect({"protect": {"weightHoldSeconds": 60}})
+    assert (only["weightHoldSeconds"], only["quotaOffSeconds"]) == (60.0, 300.0), "separate timers once split"
+
+
+def test_a_bad_protect_value_names_its_path_and_value() -> None:
+    """A guard.protect value out of range names its JSON path and the value; two holds that disagree are refused."""
+    assert errors_of({"global": {"guard": {"protect": {"futileShare": 1.5}}}}) == [
+        "global.guard.protect.futileShare: Input should be less than or equal to 1, got 1.5"
+    ]
+    assert errors_of({"perNode": [{"nodeSelector": {}, "guard": {"protect": {"streakTicks": 0}}}]}) == [
+        "perNode[0].guard.protect.streakTicks: Input should be greater than or equal to 1, got 0"
+    ]
+    (problem,) = errors_of({"global": {"guard": {"weightHoldSeconds": 60, "protect": {"weightHoldSeconds": 5}}}})
+    assert problem.startswith("global.guard: weightHoldSeconds (60.0) and protect.weightHoldSeconds (5.0) disagree")
