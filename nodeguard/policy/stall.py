@@ -142,6 +142,14 @@ class ProtectedStalls:
             return 100.0 * harmed.share
         return None if self.all() else 0.0
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProtectedStalls) and self.report() == other.report()
+
+    __hash__ = None  # type: ignore[assignment]  # equal by their report, like the tuple plans held before
+
+    def __repr__(self) -> str:
+        return f"ProtectedStalls({self.report()!r})"
+
     def report(self) -> tuple[ProtectedStall, ...]:
         if self._report is None:
             self._report = tuple(

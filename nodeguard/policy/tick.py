@@ -58,6 +58,9 @@ class Readings(Mapping[Metric, float | None]):
     def __len__(self) -> int:
         return len(self._values)
 
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
 
 class Tick:
     """Scratch for one plan() call, shared by its features."""
