@@ -1,6 +1,6 @@
 """Evict (last resort): close an evict waterline's gap with the fewest candidates, within the eviction budget.
 
-planner.run() takes incompressible metrics first: memory cannot wait for CPU
+planner.plan() takes incompressible metrics first: memory cannot wait for CPU
 to be released. The gap left after this tick's throttles and the evictions
 still terminating is closed by the fewest candidates; a non-quantified metric
 evicts one workload and measures again once it is gone.

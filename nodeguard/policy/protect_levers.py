@@ -1,6 +1,6 @@
 """Protection's levers on the tick: the phase machine's steps (policy.protect) turned into weights and quotas.
 
-Three points of planner.run(), in its order: ``begin`` (remember the reading,
+Three points of planner.plan(), in its order: ``begin`` (remember the reading,
 judge the quotas on trial, give futile ones back) before any line, ``lever``
 at the stall objective's line among the throttle lines (weights to lower, a
 wait, or quotas that make room), and ``end`` after restore and refill

@@ -1,7 +1,7 @@
 """The tick context: what one plan() call reads, and what its features have planned so far.
 
 The features (throttle, evict, restore and refill, protect) run in the order
-planner.run() gives them and share this context: the readings and the
+planner.plan() gives them and share this context: the readings and the
 waterlines, the candidates and their rankings (computed when a feature first
 asks, so a calm tick does no work per workload), and this tick's own ledger
 (quotas planned, cores and memory released, evictions, what is blocked and
