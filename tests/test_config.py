@@ -280,6 +280,7 @@ def test_guard_protect_defaults_and_the_old_weight_hold_key() -> None:
         "trialTicks": 10,
         "futileShare": 0.7,
         "quotaOffSeconds": 300.0,
+        "quietTicks": 3,
     }
     assert protect({"weightHoldSeconds": 60}) == protect({"protect": {"weightHoldSeconds": 60, "quotaOffSeconds": 60}})
     both = protect({"weightHoldSeconds": 60, "protect": {"quotaOffSeconds": 5}})

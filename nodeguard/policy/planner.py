@@ -36,7 +36,8 @@ from nodeguard.policy.actions import Action, Blocked, Reweigh
 from nodeguard.policy.evict import evict
 from nodeguard.policy.gaps import Gaps
 from nodeguard.policy.metrics import CAPABILITIES, Metric
-from nodeguard.policy.protect_levers import CONTENDED_CORES, Protection
+from nodeguard.policy.protect import CONTENDED_CORES
+from nodeguard.policy.protect_levers import Protection
 from nodeguard.policy.ranking import Ranked
 from nodeguard.policy.restore import refill, restore
 from nodeguard.policy.settings import GuardSettings, ProtectSettings

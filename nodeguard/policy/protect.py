@@ -12,9 +12,9 @@ futileShare of what brought them, they buy nothing, all go back at once, and
 the quota lever is off for quotaOffSeconds (FUTILE; the weights stay down).
 Quotas come back like the others (restore), a step and a cool-down at a time;
 weights after weightHoldSeconds without harm, and only once the work under
-them stops waiting for CPU the node does not have (CONTENDED_CORES): before,
-the harm is absent because the weight is down, and putting it back would
-bring the harm back. With guard.protectLever "quota", quotas act at once and
+them has not waited for CPU the node does not have (CONTENDED_CORES) for
+quietTicks in a row: before, the harm is absent because the weight is down,
+and putting it back would bring the harm back. With guard.protectLever "quota", quotas act at once and
 are never on trial.
 
 Everything here is pure: ``ProtectState`` is what protection carries between
@@ -32,6 +32,10 @@ from enum import Enum
 from nodeguard.policy.actions import Cause
 from nodeguard.policy.settings import ProtectSettings
 from nodeguard.policy.state import GuardState, LoweredWeight, QuotaTrial
+
+# A lowered weight stays while the work under it waits for this many cores more than the node has idle.
+CONTENDED_CORES = 0.1
+QUIET_CAP = 1_000_000  # a quiet streak stops counting here (it only has to reach guard.protect.quietTicks)
 
 
 def _fmt(value: float) -> str:
@@ -204,6 +208,19 @@ def weights_may_return(state: ProtectState, below_restore: bool, now: float, tun
     """Whether the stall allows lowered weights back: under the restore waterline, and no harm for
     weightHoldSeconds (the work under each weight is asked next: protect_levers)."""
     return below_restore and (state.last_harm is None or now - state.last_harm >= tuning.weight_hold_seconds)
+
+
+def weighed(state: ProtectState, demands: Mapping[str, float | None]) -> ProtectState:
+    """Each lowered group's quiet streak after this tick's demand of the work under it (cores it waits for past
+    the idle CPU; None when unknown): a tick at CONTENDED_CORES or more, or unknown, starts it again."""
+    lowered = dict(state.lowered)
+    for group, demand in demands.items():
+        held = lowered.get(group)
+        if held is None:
+            continue
+        quiet = demand is not None and demand < CONTENDED_CORES
+        lowered[group] = replace(held, quiet_ticks=min(held.quiet_ticks + 1, QUIET_CAP) if quiet else 0)
+    return replace(state, lowered=lowered)
 
 
 def without_weights(state: ProtectState, groups: set[str]) -> ProtectState:

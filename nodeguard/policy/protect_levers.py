@@ -17,12 +17,14 @@ from collections.abc import Mapping
 from nodeguard.policy.actions import Reweigh
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.protect import (
+    CONTENDED_CORES,
     ProtectState,
     Seen,
     judge,
     observe,
     on_trial,
     step,
+    weighed,
     weights_may_return,
     without_weights,
 )
@@ -37,8 +39,6 @@ from nodeguard.policy.waterlines import Waterline
 STALL = Metric.PROTECTED_CPU_STALL
 # A candidate using less CPU than this does no harm to make room from.
 ACTIVE_CORES = 0.01
-# A lowered weight stays while the work under it waits for this many cores more than the node has idle.
-CONTENDED_CORES = 0.1
 
 
 class Protection:
@@ -92,9 +92,9 @@ class Protection:
 
     def end(self) -> None:
         """Put a lowered weight back once no protected workload has been harmed for weightHoldSeconds and the
-        work under it no longer waits for CPU the node does not have (while it does, the weight is what keeps the
-        harm away); at once where no candidate is left under it, and when no protected_cpu_stall objective is
-        left."""
+        work under it has not waited for CPU the node does not have for quietTicks in a row (while it does, the
+        weight is what keeps the harm away); at once where no candidate is left under it, and when no
+        protected_cpu_stall objective is left."""
         if not self.state.lowered:
             return
         tick = self.tick
@@ -104,27 +104,35 @@ class Protection:
         calm = line is not None and weights_may_return(self.state, below, tick.now, self.tuning)
         candidates = [u.workload.id for u in tick.candidates()]
         idle = tick.idle_cores()
+        under = {group: tuple(wid for wid in candidates if covers(group, wid)) for group in self.state.lowered}
+        demands = {g: competing_demand([tick.workloads[wid] for wid in ids], idle) for g, ids in under.items() if ids}
+        self.state = weighed(self.state, demands)
         back: set[str] = set()
         for group in sorted(self.state.lowered):
-            under = tuple(wid for wid in candidates if covers(group, wid))
-            if line is not None and under and not calm:
+            if line is not None and under[group] and not calm:
                 continue
-            if line is not None and under:
-                wanted = competing_demand([tick.workloads[wid] for wid in under], idle)
-                if wanted >= CONTENDED_CORES:
-                    # Back now, the harm would be back with it: the weight is why it is absent.
-                    detail = f"{group}: its work still waits for {fmt(wanted)} cores past the idle CPU"
-                    tick.block(STALL, Direction.RESTORE, "contended", detail)
-                    continue
+            quiet = self.state.lowered[group].quiet_ticks
+            if line is not None and under[group] and quiet < self.tuning.quiet_ticks:
+                # Back now, the harm would be back with it: the weight is why it is absent.
+                wanted = demands[group]
+                detail = (
+                    f"{group}: the demand of its work is not known yet"
+                    if wanted is None
+                    else f"{group}: its work still waits for {fmt(wanted)} cores past the idle CPU"
+                    if wanted >= CONTENDED_CORES
+                    else f"{group}: its work quiet {quiet}/{self.tuning.quiet_ticks} ticks"
+                )
+                tick.block(STALL, Direction.RESTORE, "contended", detail)
+                continue
             why = (
                 "no protected_cpu_stall objective"
                 if line is None
                 else "no candidate left under it"
-                if not under
-                else f"no protected workload harmed for {self.tuning.weight_hold_seconds:g}s"
+                if not under[group]
+                else f"no protected workload harmed for {self.tuning.weight_hold_seconds:g}s, its work quiet"
             )
             dry = tick.guard.dry_run or (line is not None and line.dry_run)
-            self.reweighs.append(Reweigh(group, STALL, f"weight back: {why}", False, under, dry))
+            self.reweighs.append(Reweigh(group, STALL, f"weight back: {why}", False, under[group], dry))
             if not dry:
                 back.add(group)
         self.state = without_weights(self.state, back)

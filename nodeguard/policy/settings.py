@@ -188,6 +188,13 @@ class ProtectSettings(Model):
     quota_off_seconds: float = Field(
         300.0, ge=0, le=86_400, description="how long the quota lever stays off after quotas judged futile"
     )
+    quiet_ticks: int = Field(
+        3,
+        ge=1,
+        le=1000,
+        description="a lowered weight goes back only after the work under it has not waited for CPU the node "
+        "lacks (or its demand was unknown) this many ticks in a row",
+    )
 
 
 class GuardSettings(Model):

@@ -91,13 +91,16 @@ def worst(found: Iterable[Stall]) -> Harmed | None:
     return max(known, key=lambda h: (h.share, h.usage.workload.id), default=None)
 
 
-def competing_demand(competitors: Iterable[WorkloadUsage], idle_cores: float) -> float:
+def competing_demand(competitors: Iterable[WorkloadUsage], idle_cores: float) -> float | None:
     """Cores the competitors wait for past the node's idle CPU (their own CFS limits' share taken off): what a
     lowered weight holds from them, and what putting it back would take from the protected workloads.
 
-    Without their threads' waits, a node with no idle CPU counts their whole use as demand.
+    Without their threads' waits, a node with no idle CPU counts their whole use as demand; None when not even
+    their use is known (first sight).
     """
     found = list(competitors)
+    if all(u.cores is None for u in found):
+        return None
     known = [u for u in found if u.waiting_cores is not None]
     if not known:
         return 0.0 if idle_cores >= IDLE_CORES else sum(u.cores or 0.0 for u in found)

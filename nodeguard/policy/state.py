@@ -108,6 +108,8 @@ class LoweredWeight:
     group: str
     since: float  # monotonic
     stall_pct: float | None = None  # the protected stall that made it come down
+    # Ticks in a row the work under it did not wait for CPU the node lacks: what lets it go back.
+    quiet_ticks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -262,14 +262,34 @@ def test_weights_stay_down_while_the_work_under_them_still_wants_the_cpu() -> No
 
 def test_weights_come_back_after_the_hold_once_the_work_under_them_is_quiet() -> None:
     """When the burners stop wanting CPU, a lowered weight stays while harm is recent and comes back after
-    weightHoldSeconds without harm."""
+    weightHoldSeconds without harm, its work quiet for quietTicks in a row by then."""
     first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
     quiet = kubelet_node(0.0, burner_cores=0.05, burner_waiting=0.0)
-    soon = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=130.0), first.state, WEIGHT)
-    assert soon.reweighs == () and set(soon.state.lowered) == {"kp/burstable", "kp/besteffort"}
-    later = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=161.0), soon.state, WEIGHT)
+    state = first.state
+    for now in (130.0, 140.0, 150.0):  # quiet, but harm was recent
+        soon = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=now), state, WEIGHT)
+        assert soon.reweighs == () and set(soon.state.lowered) == {"kp/burstable", "kp/besteffort"}
+        state = soon.state
+    later = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=161.0), state, WEIGHT)
     assert {(r.group, r.lower) for r in later.reweighs} == {("kp/burstable", False), ("kp/besteffort", False)}
     assert later.state.lowered == {}
+
+
+def test_one_quiet_or_unknown_tick_under_lasting_contention_puts_no_weight_back() -> None:
+    """After the hold, a single tick whose burners read quiet, or whose burners' use is not known (first sight),
+    is not enough: the weights stay until the work has been quiet for quietTicks in a row."""
+    first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
+    busy = plan(snapshot(kubelet_node(0.0), cpus=2, cores_used=2.0, monotonic=170.0), first.state, WEIGHT)
+    quiet = kubelet_node(0.0, burner_cores=0.05, burner_waiting=0.0)
+    unknown = [u._replace(cores=None, waiting_cores=None) if "podg" not in u.workload.id else u for u in quiet]
+    state = busy.state
+    for now, node in ((171.0, quiet), (172.0, unknown), (173.0, quiet), (174.0, quiet)):
+        p = plan(snapshot(node, cpus=2, cores_used=2.0, monotonic=now), state, WEIGHT)
+        assert p.reweighs == (), now
+        assert any(b.cause == "contended" for b in p.blocked), p.blocked
+        state = p.state
+    back = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=175.0), state, WEIGHT)
+    assert {r.group for r in back.reweighs if not r.lower} == {"kp/burstable", "kp/besteffort"}
 
 
 def test_a_weight_comes_back_at_once_when_its_candidates_leave() -> None:
