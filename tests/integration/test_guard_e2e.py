@@ -6,36 +6,23 @@ QEMU VM on cgroup v2 ``cpu.max``.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from nodeguard.actuators.ledger import Ledger
-from nodeguard.model.samples import CpuMax
-from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max
 from nodeguard.sources.procfs import parse_proc_stat_cpu
 from nodeguard.sources.readers import count_cpus
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
-from tests.workloads import start_duty_cycle
+from tests.integration.harness import BURNERS, SLOW, TICK, UNLIMITED, ShapedNode, plain_node
 
-TICK = 0.5
-# Python runs ~20x slower under the VM's software emulation: the daemon takes
-# seconds to start there, so waits for it (not the ticks it is judged by) stretch.
-SLOW = 8.0 if os.environ.get("NODEGUARD_IN_VM") == "1" else 1.0
-BURNERS = 6
-# Two big and four small batch workloads: two throttles close the gap, so noise
-# that asks for one more step still leaves most of them untouched.
-BURNER_SHARES = (0.4, 0.4, 0.1, 0.1, 0.1, 0.1)
+BURNER_SHARES = [0.4, 0.4, 0.1, 0.1, 0.1, 0.1]  # of each 100 ms: two heavy burners, four light ones
 IMPORTANT_SHARE = 0.3
-UNLIMITED = CpuMax(None, 100000)
 
 
 def node_cores(seconds: float) -> float:
@@ -49,116 +36,30 @@ def node_cores(seconds: float) -> float:
     return (busy1 - busy0) / (total1 - total0) * count_cpus(Path("/proc/stat").read_text())
 
 
-@dataclass
-class Node:
-    version: str
-    root: Path  # the hierarchy nodeguard writes to
-    parent: str
-    dirs: dict[str, list[Path]]  # workload name -> its directories (one per hierarchy)
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def quota(self, name: str) -> CpuMax:
-        group = self.root / self.parent / name
-        if self.version == "v2":
-            return parse_cpu_max((group / "cpu.max").read_text())
-        return parse_cfs_quota((group / "cpu.cfs_quota_us").read_text(), (group / "cpu.cfs_period_us").read_text())
-
-    def set_quota(self, name: str, limit: CpuMax) -> None:
-        group = self.root / self.parent / name
-        if self.version == "v2":
-            (group / "cpu.max").write_text(limit.render_v2())
-        else:
-            (group / "cpu.cfs_quota_us").write_text(str(limit.quota_us or -1))
-
-    def burners(self) -> list[str]:
-        return [f"be-{i}" for i in range(BURNERS)]
-
-    def throttled(self) -> set[str]:
-        return {name for name in self.dirs if self.quota(name) != UNLIMITED}
-
-    def start(self) -> None:
-        self.procs.append(start_duty_cycle(IMPORTANT_SHARE, *self.dirs["important"]))
-        self.procs += [start_duty_cycle(share, *self.dirs[name]) for share, name in zip(BURNER_SHARES, self.burners(), strict=True)]
-
-    def stop_burners(self) -> None:
-        for proc in self.procs[1:]:
-            rc.stop(proc)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                rc.stop(proc)
-
-    def config(self, ledger: Path, threshold: float) -> dict[str, Any]:
-        return {
-            "global": {
-                "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.version, "tickSeconds": TICK,
-                            "kubepods": False},
-                "workloads": {"groups": [
-                    {"match": f"{self.parent}/be-*", "class": "BestEffort"},
-                    {"match": f"{self.parent}/important", "class": "Guaranteed", "priority": 1000,
-                     "protected": True},
-                ]},
-                "guard": {"objectives": [{
-                    "metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
-                    "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.4, 3),
-                # A throttle aims 4 % of the node under the waterline: what the daemon, this test and the rest of
-                # the machine add between two ticks must not put the node back over it (2 % was seen to fall short).
-                }], "restoreStepPercent": 25, "targetMarginPercent": 4},
-                "actuation": {"ledgerPath": str(ledger)},
-                "http": {"enabled": False},
-                "gate": {"enabled": False},
-            }
-        }
+@pytest.fixture
+def node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
+    with plain_node(hierarchy) as shaped:
+        yield shaped
 
 
-def _v1_node() -> Iterator[Node]:
-    reason = rc.why_no_v1_cpu()
-    if reason:
-        pytest.skip(reason)
-    cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
-    assert cpu is not None and cpuacct is not None
-    parent = rc.unique_name()
-    names = ["important", *[f"be-{i}" for i in range(BURNERS)]]
-    hierarchies = [cpu] if cpu == cpuacct else [cpu, cpuacct]
-    dirs = {name: [h / parent / name for h in hierarchies] for name in names}
-    with rc.cgroups(*[d for ds in dirs.values() for d in ds]):
-        node = Node("v1", cpu, parent, dirs)
-        try:
-            yield node
-        finally:
-            node.stop_all()
-
-
-def _v2_node() -> Iterator[Node]:
-    mount = rc.v2_mount()
-    assert mount is not None
-    parent = rc.unique_name()
-    names = ["important", *[f"be-{i}" for i in range(BURNERS)]]
-    with rc.cgroups(mount / parent):
-        (mount / parent / "cgroup.subtree_control").write_text("+cpu")
-        with rc.cgroups(*[mount / parent / n for n in names]):
-            node = Node("v2", mount, parent, {n: [mount / parent / n] for n in names})
-            try:
-                yield node
-            finally:
-                node.stop_all()
-
-
-@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
-def node(request: pytest.FixtureRequest) -> Iterator[Node]:
-    yield from (_v1_node() if request.param == "v1" else _v2_node())
+def objectives(threshold: float) -> list[dict[str, Any]]:
+    return [{"metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
+             "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.4, 3)}]  # fmt: skip
 
 
 @pytest.fixture
-def daemon(node: Node, tmp_path: Path) -> Iterator[DaemonProcess]:
+def daemon(node: ShapedNode, tmp_path: Path) -> Iterator[DaemonProcess]:
     # The workloads add about 1.5 cores to whatever else runs: a gap of about three
     # burners' worth. Keep the waterline reachable on a busy machine too.
     baseline = node_cores(1.0)
     threshold = min(baseline + 1.0, count_cpus(Path("/proc/stat").read_text()) - 0.5)
-    node.start()
+    node.start(important_share=IMPORTANT_SHARE, burner_shares=BURNER_SHARES)
     time.sleep(1.5)  # let the burners reach their steady share before the first tick sees them
-    process = DaemonProcess(node.config(tmp_path / "run/ledger.json", threshold), tmp_path)
+    # A throttle aims 4 % of the node under the waterline: what the daemon, this test and the rest of the machine
+    # add between two ticks must not put the node back over it (2 % was seen to fall short).
+    config = node.config(tmp_path / "run/ledger.json", objectives(threshold), restoreStepPercent=25,
+                         targetMarginPercent=4)  # fmt: skip
+    process = DaemonProcess(config, tmp_path)
     process.threshold = threshold  # type: ignore[attr-defined]
     try:
         yield process
@@ -181,7 +82,7 @@ def converged(events: list[dict[str, Any]], threshold: float) -> tuple[int, set[
     return None
 
 
-def test_throttles_just_enough_and_restores_exactly(node: Node, daemon: DaemonProcess) -> None:
+def test_throttles_just_enough_and_restores_exactly(node: ShapedNode, daemon: DaemonProcess) -> None:
     """Node CPU gets under the waterline within 3 ticks, the important workload is never touched,
     not every burner is throttled, and quotas return to their exact originals when the burners stop."""
     threshold: float = daemon.threshold  # type: ignore[attr-defined]
@@ -196,12 +97,12 @@ def test_throttles_just_enough_and_restores_exactly(node: Node, daemon: DaemonPr
     log = "\n".join(daemon.ticks())
     assert ticks <= 3, f"{ticks} ticks after the first throttle; ticks:\n{log}"
     assert touched, log
-    assert "important" not in {w.rsplit("/", 1)[-1] for w in touched}
+    assert node.important.pod not in touched
     assert len(touched) < BURNERS, f"all burners throttled before the node got under the waterline: {touched}\n{log}"
-    assert "important" not in node.throttled()
+    assert not node.changed() & {node.important.pod}, "the important workload is untouched"
     node.stop_burners()
     daemon.wait_for(lambda: not node.throttled(), 20 * SLOW, "every quota restored")
-    assert all(node.quota(name) == UNLIMITED for name in node.dirs)
+    assert not node.changed()
     # The ledger drops an entry just after the kernel write it covers: a moment after the quota reads back.
     ledger = str(daemon.workdir / "run/ledger.json")
     daemon.wait_for(lambda: not Ledger.load(ledger).of("cpu.max"), 5 * SLOW, "the ledger emptied")
@@ -209,31 +110,32 @@ def test_throttles_just_enough_and_restores_exactly(node: Node, daemon: DaemonPr
     assert daemon.wait() == 0
 
 
-def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: Node, daemon: DaemonProcess) -> None:
+def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: ShapedNode, daemon: DaemonProcess) -> None:
     """A quota reset behind the daemon's back is re-asserted next tick; after SIGKILL every throttle is in
     the ledger, and a restarted daemon starts by restoring them."""
     daemon.start()
     daemon.wait_for(lambda: bool(node.throttled()), 10 * SLOW, "a first throttle")
     time.sleep(2 * TICK)
     victim = sorted(node.throttled())[0]
-    held = node.quota(victim)
-    node.set_quota(victim, UNLIMITED)
-    daemon.wait_for(lambda: node.quota(victim) != UNLIMITED, 3 * TICK + 1, "the quota re-asserted")
+    held = node.hierarchy.limit(victim)
+    node.hierarchy.set_limit(victim, UNLIMITED)
+    daemon.wait_for(lambda: node.hierarchy.limit(victim) != UNLIMITED, 3 * TICK + 1, "the quota re-asserted")
     # The warning is logged just after the write the test saw: under emulation that can take a poll or two.
     daemon.wait_for(
         lambda: any(e.get("event") == "quota drift re-asserted" for e in daemon.events()), 2 * SLOW, "the drift logged"
     )
     # Re-asserted to what nodeguard holds now: the value it held, or one a later tick's plan moved it to.
-    entry = Ledger.load(str(daemon.workdir / "run/ledger.json")).of("cpu.max")[f"{node.parent}/{victim}"]
-    assert node.quota(victim) == held or entry.is_ours(node.quota(victim).render_v2()), (node.quota(victim), held, entry)
+    entry = Ledger.load(str(daemon.workdir / "run/ledger.json")).of("cpu.max")[victim]
+    now = node.hierarchy.limit(victim)
+    assert now == held or entry.is_ours(now.render_v2()), (now, held, entry)
 
     daemon.kill()  # SIGKILL: no chance to restore
     throttled = node.throttled()
     assert throttled
     ledger = Ledger.load(str(daemon.workdir / "run/ledger.json"))
-    assert throttled <= {wid.rsplit("/", 1)[-1] for wid in ledger.of("cpu.max")}, "a throttle without a ledger entry"
+    assert throttled <= set(ledger.of("cpu.max")), "a throttle without a ledger entry"
     for wid, entry in ledger.of("cpu.max").items():
-        assert entry.is_ours(node.quota(wid.rsplit("/", 1)[-1]).render_v2())
+        assert entry.is_ours(node.hierarchy.limit(wid).render_v2())
         assert entry.original == UNLIMITED.render_v2()
 
     node.stop_burners()
@@ -246,7 +148,7 @@ def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: Node, d
     assert restarted.wait() == 0
 
 
-def test_sigterm_restores_everything_within_a_second(node: Node, daemon: DaemonProcess) -> None:
+def test_sigterm_restores_everything_within_a_second(node: ShapedNode, daemon: DaemonProcess) -> None:
     """SIGTERM while throttles are held puts every original back and exits within 1 s."""
     daemon.start()
     daemon.wait_for(lambda: len(node.throttled()) >= 1, 10 * SLOW, "a first throttle")

@@ -10,16 +10,12 @@ and, marked ``kernel``, in the QEMU VM on cgroup v2.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import statistics
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,96 +27,28 @@ from nodeguard.sources.readers import count_cpus
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
 from tests.gate.helpers import free_port
+from tests.integration.harness import SLOW, UNLIMITED, ShapedNode, kubelet_node
 from tests.integration.test_guard_e2e import node_cores
-from tests.workloads import start_duty_cycle
 
-TICK = 0.5
-SLOW = 8.0 if os.environ.get("NODEGUARD_IN_VM") == "1" else 1.0
-BURNERS = 6
 POD_LIMIT = CpuMax(150000)  # 1.5 cores, at the pod and at its container
 GUARANTEED_LIMIT = CpuMax(50000)
-IMPORTANT_SHARE = 0.3
-UNLIMITED = CpuMax(None)
 SETTLE_TICKS = 8  # ticks after convergence that must stay under the waterline
 # How far one reading may stray over the waterline in those ticks: the noise of a shared machine (and of the
 # emulator) on one tick's node CPU; an oscillation swings further, and shows in the mean too.
 NOISE_CORES = 0.1
 
 
-@dataclass
-class KubeletNode:
-    hierarchy: rc.Hierarchy
-    parent: str
-    burners: list[rc.KubeletPod]
-    guaranteed: rc.KubeletPod
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    originals: dict[str, CpuMax] = field(default_factory=dict)
-
-    def every_dir(self) -> list[str]:
-        return [
-            rel for pod in [*self.burners, self.guaranteed] for rel in (pod.pod, pod.container, pod.inner, pod.sandbox)
-        ]
-
-    def record_originals(self) -> None:
-        self.originals = {rel: self.hierarchy.limit(rel) for rel in self.every_dir()}
-
-    def changed(self) -> set[str]:
-        return {rel for rel, limit in self.originals.items() if self.hierarchy.limit(rel) != limit}
-
-    def throttled_pods(self) -> set[str]:
-        return {pod.pod for pod in self.burners if self.hierarchy.limit(pod.pod) != POD_LIMIT}
-
-    def start(self) -> None:
-        self.procs.append(start_duty_cycle(IMPORTANT_SHARE, *self.hierarchy.dirs(self.guaranteed.inner)))
-        self.procs += [pod.start_busy() for pod in self.burners]
-
-    def stop_burners(self) -> None:
-        for proc in self.procs[1:]:
-            rc.stop(proc)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                rc.stop(proc)
-
-    def config(self, ledger: Path, threshold: float, **guard: Any) -> dict[str, Any]:
-        # Discovery finds the pods as kubelet laid them out: the class from the tier, Guaranteed pods at the top.
-        return {
-            "global": {
-                "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.hierarchy.version,
-                            "tickSeconds": TICK, "kubepodsPaths": [f"{self.parent}/kubepods"]},
-                "guard": {"objectives": [{
-                    "metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
-                    "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.5, 3),
-                }], "restoreStepPercent": 25, "targetMarginPercent": 4, **guard},
-                "actuation": {"ledgerPath": str(ledger)},
-                "http": {"enabled": False},
-                "gate": {"enabled": False},
-            }
-        }  # fmt: skip
-
-
-@contextlib.contextmanager
-def kubelet_node(hierarchy: rc.Hierarchy) -> Iterator[KubeletNode]:
-    parent = rc.unique_name()
-    with contextlib.ExitStack() as stack:
-        burners = [
-            stack.enter_context(rc.kubelet_pod(hierarchy, parent, "burstable", POD_LIMIT)) for _ in range(BURNERS)
-        ]
-        guaranteed = stack.enter_context(rc.kubelet_pod(hierarchy, parent, None, GUARANTEED_LIMIT))
-        node = KubeletNode(hierarchy, parent, burners, guaranteed)
-        node.record_originals()
-        try:
-            yield node
-        finally:
-            node.stop_all()
-
-
-@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
-def node(request: pytest.FixtureRequest) -> Iterator[KubeletNode]:
-    hierarchy = rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
-    with kubelet_node(hierarchy) as shaped:
+@pytest.fixture
+def node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
+    with kubelet_node(hierarchy, POD_LIMIT, GUARANTEED_LIMIT) as shaped:
         yield shaped
+
+
+def config(node: ShapedNode, ledger: Path, threshold: float) -> dict[str, Any]:
+    """Discovery finds the pods as kubelet laid them out: the class from the tier, Guaranteed pods at the top."""
+    objective = {"metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
+                 "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.5, 3)}  # fmt: skip
+    return node.config(ledger, [objective], restoreStepPercent=25, targetMarginPercent=4)
 
 
 def waterline(node_cpus: int) -> float:
@@ -130,11 +58,11 @@ def waterline(node_cpus: int) -> float:
 
 
 @pytest.fixture
-def daemon(node: KubeletNode, tmp_path: Path) -> Iterator[DaemonProcess]:
+def daemon(node: ShapedNode, tmp_path: Path) -> Iterator[DaemonProcess]:
     threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
     node.start()
     time.sleep(1.0)
-    process = DaemonProcess(node.config(tmp_path / "run/ledger.json", threshold), tmp_path)
+    process = DaemonProcess(config(node, tmp_path / "run/ledger.json", threshold), tmp_path)
     process.threshold = threshold  # type: ignore[attr-defined]
     try:
         yield process
@@ -168,7 +96,7 @@ def convergence(events: list[dict[str, Any]], threshold: float) -> tuple[int, li
     return None
 
 
-def test_converges_in_three_ticks_stays_under_and_restores_every_file(node: KubeletNode, daemon: DaemonProcess) -> None:
+def test_converges_in_three_ticks_stays_under_and_restores_every_file(node: ShapedNode, daemon: DaemonProcess) -> None:
     """Node CPU is under the waterline within 3 ticks of the first throttle and stays there; the Guaranteed pod is
     never touched; when the burners stop every pod and container limit is back exactly, and the ledger is empty."""
     threshold: float = daemon.threshold  # type: ignore[attr-defined]
@@ -188,11 +116,11 @@ def test_converges_in_three_ticks_stays_under_and_restores_every_file(node: Kube
     assert statistics.mean(window) < threshold, f"did not stay under the waterline {threshold}; ticks:\n{log}"
     assert max(window) < threshold + NOISE_CORES, f"swung back over the waterline {threshold}; ticks:\n{log}"
     touched = {e["workload"] for e in daemon.events() if e.get("event") == "throttle"}
-    assert node.guaranteed.pod not in touched
-    assert not (node.changed() & {node.guaranteed.pod, node.guaranteed.container}), "the Guaranteed pod is untouched"
+    assert node.important.pod not in touched
+    assert not (node.changed() & {node.important.pod, node.important.container}), "the Guaranteed pod is untouched"
     if node.hierarchy.version == "v1":
         for pod in node.burners:
-            if pod.pod in node.throttled_pods():
+            if pod.pod in node.throttled():
                 assert node.hierarchy.limit(pod.container) == node.hierarchy.limit(pod.pod), "container capped too"
 
     node.stop_burners()
@@ -203,11 +131,11 @@ def test_converges_in_three_ticks_stays_under_and_restores_every_file(node: Kube
     assert daemon.wait(timeout=10 * SLOW) == 0
 
 
-def test_sigkill_then_restart_and_sigterm_put_every_file_back(node: KubeletNode, daemon: DaemonProcess) -> None:
+def test_sigkill_then_restart_and_sigterm_put_every_file_back(node: ShapedNode, daemon: DaemonProcess) -> None:
     """After SIGKILL every changed file is in the ledger and a restarted daemon restores them all; a SIGTERM
     while throttles are held restores them all too."""
     daemon.start()
-    daemon.wait_for(lambda: len(node.throttled_pods()) >= 2, 15 * SLOW, "throttles")
+    daemon.wait_for(lambda: len(node.throttled()) >= 2, 15 * SLOW, "throttles")
     daemon.kill()
     changed = node.changed()
     assert changed
@@ -215,7 +143,7 @@ def test_sigkill_then_restart_and_sigterm_put_every_file_back(node: KubeletNode,
     recorded = set(entries) | {child for e in entries.values() for child in e.children}
     assert changed <= recorded, f"changed but not in the ledger: {changed - recorded}"
 
-    restarted = DaemonProcess(node.config(daemon.workdir / "run/ledger.json", 99.0), daemon.workdir)
+    restarted = DaemonProcess(config(node, daemon.workdir / "run/ledger.json", 99.0), daemon.workdir)
     restarted.start()
     try:
         restarted.wait_for(lambda: not node.changed(), 15 * SLOW, "restore on start")
@@ -228,10 +156,10 @@ def test_sigkill_then_restart_and_sigterm_put_every_file_back(node: KubeletNode,
 
     home = daemon.workdir / "again"
     home.mkdir()
-    again = DaemonProcess(node.config(home / "run/ledger.json", daemon.threshold), home)  # type: ignore[attr-defined]
+    again = DaemonProcess(config(node, home / "run/ledger.json", daemon.threshold), home)  # type: ignore[attr-defined]
     again.start()
     try:
-        again.wait_for(lambda: len(node.throttled_pods()) >= 1, 15 * SLOW, "a throttle")
+        again.wait_for(lambda: len(node.throttled()) >= 1, 15 * SLOW, "a throttle")
         again.signal(signal.SIGTERM)
         assert again.wait(timeout=10 * SLOW) == 0
         assert not node.changed(), f"left changed after SIGTERM: {node.changed()}"
@@ -243,7 +171,7 @@ def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path
     """v1 refuses the throttle of the least important pod (a limited cgroup deeper than nodeguard looks): in the
     same tick the next pod is throttled, the refusal is logged with errno and file, and the pod is held back."""
     with (
-        kubelet_node(rc.v1_cpu_hierarchy()) as node,
+        kubelet_node(rc.v1_cpu_hierarchy(), POD_LIMIT, GUARANTEED_LIMIT) as node,
         rc.kubelet_pod(node.hierarchy, node.parent, "besteffort", None) as trap,
     ):
         # BestEffort sorts before Burstable: the trap is the first candidate. kubelet gives it no limit; a cgroup
@@ -256,16 +184,16 @@ def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path
             node.procs.append(trap.start_busy())
             time.sleep(1.0)
             threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
-            config = node.config(tmp_path / "run/ledger.json", threshold)
+            config_ = config(node, tmp_path / "run/ledger.json", threshold)
             listen = f"127.0.0.1:{free_port()}"
-            config["global"]["http"] = {"listen": listen}
-            process = DaemonProcess(config, tmp_path)
+            config_["global"]["http"] = {"listen": listen}
+            process = DaemonProcess(config_, tmp_path)
             process.start()
             try:
                 process.wait_for(
                     lambda: any(e.get("event") == "quota write refused" for e in process.events()), 15, "a refusal"
                 )
-                process.wait_for(lambda: bool(node.throttled_pods()), 5, "another pod throttled")
+                process.wait_for(lambda: bool(node.throttled()), 5, "another pod throttled")
 
                 def tick_after_refusal() -> int | None:
                     events = process.events()

@@ -20,16 +20,15 @@ import pytest
 from nodeguard.actuators.ledger import Ledger
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
-from tests.integration.test_guard_kubelet_e2e import SLOW
-from tests.integration.test_protect_e2e import ProtectedNode, protected_node
+from tests.integration.harness import SLOW, ShapedNode
+from tests.integration.test_protect_e2e import SLEEPER_SHARE, protect_config, protected_node
 
 REPO = Path(__file__).parents[2]
 HOLD = 3.0  # weightHoldSeconds of the daemons after the crash
 
 
-@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
-def node(request: pytest.FixtureRequest) -> Iterator[ProtectedNode]:
-    hierarchy = rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
+@pytest.fixture
+def node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
     with protected_node(hierarchy) as shaped:
         yield shaped
 
@@ -40,12 +39,12 @@ def held(ledger: Path) -> dict[str, set[str]]:
     return {lever: set(found.of(lever)) for lever in ("cpu.max", "cpu.weight")}
 
 
-def crash_holding(node: ProtectedNode, tmp_path: Path, *, quotas: bool) -> Path:
+def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
     """Run a daemon until it holds the Burstable tier's weight down (and, with ``quotas``, burners' quotas too),
     then SIGKILL it; returns the ledger it left."""
     ledger = tmp_path / "run/ledger.json"
     guard: dict[str, Any] = {"weightHoldSeconds": 600}
-    config = node.config(ledger, **guard)
+    config = protect_config(node, ledger, **guard)
     if quotas:  # a node waterline the burners exceed: their quotas go down beside the tier's weight
         config["global"]["guard"]["objectives"].append({
             "metric": "cpu_total_utilization", "action": "throttle", "threshold": "50%", "restoreBelow": "30%",
@@ -64,10 +63,10 @@ def crash_holding(node: ProtectedNode, tmp_path: Path, *, quotas: bool) -> Path:
     return ledger
 
 
-def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ProtectedNode, tmp_path: Path) -> None:
+def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ShapedNode, tmp_path: Path) -> None:
     """A ledger holding only the tier's lowered weight, left by a SIGKILLed daemon, is put back by the next daemon
     before its first tick (onStart: restore), and the ledger empties."""
-    node.start(burners=6)
+    node.start(burners=6, important_share=SLEEPER_SHARE)
     time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=False)
     assert held(ledger) == {"cpu.max": set(), "cpu.weight": {f"{node.parent}/kubepods/burstable"}}
@@ -75,7 +74,7 @@ def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ProtectedN
     node.stop_burners()
 
     (tmp_path / "second").mkdir()
-    daemon = DaemonProcess(node.config(ledger, weightHoldSeconds=HOLD), tmp_path / "second").start()
+    daemon = DaemonProcess(protect_config(node, ledger, weightHoldSeconds=HOLD), tmp_path / "second").start()
     try:
         daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
         events = [e.get("event") for e in daemon.events()]
@@ -87,10 +86,10 @@ def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ProtectedN
         daemon.kill()
 
 
-def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: ProtectedNode, tmp_path: Path) -> None:
+def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: ShapedNode, tmp_path: Path) -> None:
     """With onStart: adopt the next daemon takes the crashed one's lowered weight as its own and, the harm gone,
     puts it back within weightHoldSeconds while it runs."""
-    node.start(burners=6)
+    node.start(burners=6, important_share=SLEEPER_SHARE)
     time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=False)
     tier = f"{node.parent}/kubepods/burstable"
@@ -98,7 +97,7 @@ def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: Pro
     node.stop_burners()
 
     (tmp_path / "second").mkdir()
-    config = node.config(ledger, weightHoldSeconds=HOLD)
+    config = protect_config(node, ledger, weightHoldSeconds=HOLD)
     config["global"]["actuation"]["onStart"] = "adopt"
     daemon = DaemonProcess(config, tmp_path / "second").start()
     try:
@@ -115,17 +114,17 @@ def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: Pro
         daemon.kill()
 
 
-def test_weights_and_quotas_both_come_back_after_a_crash(node: ProtectedNode, tmp_path: Path) -> None:
+def test_weights_and_quotas_both_come_back_after_a_crash(node: ShapedNode, tmp_path: Path) -> None:
     """A crash while both levers hold (the tier's weight and burners' quotas): the next daemon (onStart: adopt)
     puts every weight and limit back once the burners stop, and the ledger empties."""
-    node.start(burners=6)
+    node.start(burners=6, important_share=SLEEPER_SHARE)
     time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=True)
     assert all(held(ledger).values())
     node.stop_burners()
 
     (tmp_path / "second").mkdir()
-    config = node.config(ledger, weightHoldSeconds=HOLD)
+    config = protect_config(node, ledger, weightHoldSeconds=HOLD)
     config["global"]["actuation"]["onStart"] = "adopt"
     daemon = DaemonProcess(config, tmp_path / "second").start()
     try:

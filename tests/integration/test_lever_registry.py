@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.executor import ADOPTED
@@ -28,7 +26,7 @@ from nodeguard.daemon import held_counts
 from nodeguard.kubernetes.events import LEVER_KINDS
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
-from tests.integration.test_guard_kubelet_e2e import SLOW
+from tests.integration.harness import SLOW
 from tests.integration.test_operating import free_port, metric_value
 
 REPO = Path(__file__).parents[2]
@@ -39,11 +37,6 @@ HELD: dict[str, tuple[Callable[[Any], str], str]] = {
     "cpu.max": (lambda lever: "50000 100000", "pod"),
     "cpu.weight": (lambda lever: str(lever.least), "tier"),
 }
-
-
-@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
-def hierarchy(request: pytest.FixtureRequest) -> rc.Hierarchy:
-    return rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
 
 
 @contextlib.contextmanager

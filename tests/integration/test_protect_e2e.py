@@ -19,10 +19,8 @@ from __future__ import annotations
 import contextlib
 import signal
 import statistics
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +31,8 @@ from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import count_cpus
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
-from tests.integration.test_guard_kubelet_e2e import GUARANTEED_LIMIT, POD_LIMIT, SLOW, TICK
-from tests.workloads import start_duty_cycle
+from tests.integration.harness import SLOW, ShapedNode, kubelet_node
+from tests.integration.test_guard_kubelet_e2e import GUARANTEED_LIMIT
 
 SHARES = 512  # kubelet: the pod's request (or limit) × 1024; equal here
 THRESHOLD = 5.0  # % of a tick the protected pod may wait to run
@@ -42,78 +40,24 @@ SETTLED_TICKS = 6  # ticks whose mean stall must be under the threshold
 SLEEPER_SHARE = 0.3  # of each 100 ms window: wakes, works, sleeps
 
 
-@dataclass
-class ProtectedNode:
-    hierarchy: rc.Hierarchy
-    parent: str
-    burners: list[rc.KubeletPod]
-    protected: rc.KubeletPod
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    originals: dict[str, CpuMax] = field(default_factory=dict)
-
-    weights: dict[str, int] = field(default_factory=dict)
-
-    def every_dir(self) -> list[str]:
-        return [rel for pod in [*self.burners, self.protected] for rel in (pod.pod, pod.container, pod.inner)]
-
-    def tiers(self) -> list[str]:
-        return [f"{self.parent}/kubepods/burstable", f"{self.parent}/kubepods"]
-
-    def record_originals(self) -> None:
-        self.originals = {rel: self.hierarchy.limit(rel) for rel in self.every_dir()}
-        self.weights = {rel: self.hierarchy.weight(rel) for rel in [*self.every_dir(), *self.tiers()]}
-
-    def changed(self) -> set[str]:
-        """Every limit and weight not at its original."""
-        limits = {rel for rel, limit in self.originals.items() if self.hierarchy.limit(rel) != limit}
-        return limits | {rel for rel, w in self.weights.items() if self.hierarchy.weight(rel) != w}
-
-    def start(self, burners: int) -> None:
-        self.procs.append(start_duty_cycle(SLEEPER_SHARE, *self.hierarchy.dirs(self.protected.inner)))
-        self.procs += [pod.start_busy() for pod in self.burners[:burners]]
-
-    def stop_burners(self) -> None:
-        for proc in self.procs[1:]:
-            rc.stop(proc)
-
-    def config(self, ledger: Path, **guard: Any) -> dict[str, Any]:
-        return {
-            "global": {
-                "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.hierarchy.version,
-                            "tickSeconds": TICK, "kubepodsPaths": [f"{self.parent}/kubepods"]},
-                "guard": {"objectives": [{
-                    "metric": "protected_cpu_stall", "action": "throttle", "threshold": f"{THRESHOLD}%",
-                    "restoreBelow": "1%", "triggerAfter": 2, "restoreAfter": 2,
-                }], "restoreStepPercent": 50, "cooldownTicks": 2, "weightHoldSeconds": 3, **guard},
-                "actuation": {"ledgerPath": str(ledger)},
-                "http": {"enabled": False},
-                "gate": {"enabled": False},
-            }
-        }  # fmt: skip
+def protect_config(node: ShapedNode, ledger: Path, **guard: Any) -> dict[str, Any]:
+    """A daemon guarding the Guaranteed pod's stall, with short cool-downs and a short weight hold."""
+    objective = {"metric": "protected_cpu_stall", "action": "throttle", "threshold": f"{THRESHOLD}%",
+                 "restoreBelow": "1%", "triggerAfter": 2, "restoreAfter": 2}  # fmt: skip
+    settings = {"restoreStepPercent": 50, "cooldownTicks": 2, "weightHoldSeconds": 3, **guard}
+    return node.config(ledger, [objective], **settings)
 
 
 @contextlib.contextmanager
-def protected_node(hierarchy: rc.Hierarchy) -> Iterator[ProtectedNode]:
-    parent = rc.unique_name()
-    with contextlib.ExitStack() as stack:
-        burners = [stack.enter_context(rc.kubelet_pod(hierarchy, parent, "burstable", POD_LIMIT)) for _ in range(6)]
-        protected = stack.enter_context(rc.kubelet_pod(hierarchy, parent, None, GUARANTEED_LIMIT))
-        for pod in [*burners, protected]:
-            hierarchy.set_shares(pod.pod, SHARES)
-        hierarchy.set_shares(f"{parent}/kubepods/burstable", SHARES * len(burners))
-        node = ProtectedNode(hierarchy, parent, burners, protected)
-        node.record_originals()
-        try:
-            yield node
-        finally:
-            for proc in node.procs:
-                if proc.poll() is None:
-                    rc.stop(proc)
+def protected_node(hierarchy: rc.Hierarchy, important_limit: CpuMax = GUARANTEED_LIMIT) -> Iterator[ShapedNode]:
+    """Six Burstable burners without limits beside a Guaranteed pod, every pod at kubelet's weight for equal
+    requests."""
+    with kubelet_node(hierarchy, None, important_limit, shares=SHARES) as shaped:
+        yield shaped
 
 
-@pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])
-def node(request: pytest.FixtureRequest) -> Iterator[ProtectedNode]:
-    hierarchy = rc.v1_cpu_hierarchy() if request.param == "v1" else rc.v2_cpu_hierarchy()
+@pytest.fixture
+def node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
     with protected_node(hierarchy) as shaped:
         yield shaped
 
@@ -148,14 +92,14 @@ def settled_after_first_throttle(events: list[dict[str, Any]]) -> tuple[list[flo
 
 
 def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
-    node: ProtectedNode, tmp_path: Path
+    node: ShapedNode, tmp_path: Path
 ) -> None:
     """The protected pod's stall, over target beside six burners, is brought under it by lowering the Burstable
     tier's weight (v2: cpu.idle; quotas on burners only, if at all); once the burners stop and no harm is seen for
     weightHoldSeconds, every weight and limit is back exactly and the ledger is empty."""
-    node.start(burners=6)
+    node.start(burners=6, important_share=SLEEPER_SHARE)
     time.sleep(1.0)
-    daemon = DaemonProcess(node.config(tmp_path / "run/ledger.json"), tmp_path)
+    daemon = DaemonProcess(protect_config(node, tmp_path / "run/ledger.json"), tmp_path)
     daemon.start()
     try:
         daemon.wait_for(lambda: settled_after_first_throttle(daemon.events()) is not None, 40 * SLOW,
@@ -198,10 +142,10 @@ def test_a_busy_node_that_harms_no_one_is_left_alone(tmp_path: Path) -> None:
     tick."""
     cpus = count_cpus(Path("/proc/stat").read_text())
     with protected_node(rc.v1_cpu_hierarchy()) as node:
-        node.start(burners=min(6, max(1, cpus - 1)))
+        node.start(burners=min(6, max(1, cpus - 1)), important_share=SLEEPER_SHARE)
         time.sleep(1.0)
         # triggerAfter 6: a few ticks' noise from the rest of the machine is no harm to act on.
-        config = node.config(tmp_path / "run/ledger.json")
+        config = protect_config(node, tmp_path / "run/ledger.json")
         config["global"]["guard"]["objectives"][0]["triggerAfter"] = 6
         daemon = DaemonProcess(config, tmp_path)
         daemon.start()
@@ -222,9 +166,9 @@ def test_sigterm_puts_a_lowered_weight_back(tmp_path: Path) -> None:
     """A daemon stopped while it holds the Burstable tier's weight down writes the original back on SIGTERM;
     kubelet's rewrite of the tier's weight in between is drift: taken as the original and re-asserted."""
     with protected_node(rc.v1_cpu_hierarchy()) as node:
-        node.start(burners=6)
+        node.start(burners=6, important_share=SLEEPER_SHARE)
         time.sleep(1.0)
-        daemon = DaemonProcess(node.config(tmp_path / "run/ledger.json", weightHoldSeconds=600), tmp_path)
+        daemon = DaemonProcess(protect_config(node, tmp_path / "run/ledger.json", weightHoldSeconds=600), tmp_path)
         daemon.start()
         tier = f"{node.parent}/kubepods/burstable"
         try:

@@ -1,0 +1,151 @@
+"""The e2e tests' node: workloads in real cgroups under a unique parent, the processes in them, every limit's and
+weight's original, and the daemon config that watches them.
+
+Two shapes: ``kubelet_node`` lays pods out as kubelet does (pod, sandbox and
+container cgroups under ``<parent>/kubepods[/tier]``, limits at the pod and the
+container level, weights at every level), ``plain_node`` is a plain Linux host's
+groups side by side, classified by the config's ``workloads.groups``. The
+``hierarchy`` fixture runs a test on this host's cgroup v1 and, marked
+``kernel``, on cgroup v2 inside the QEMU VM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nodeguard.model.samples import CpuMax
+from tests import realcgroups as rc
+from tests.workloads import start_duty_cycle
+
+TICK = 0.5
+SLOW = 8.0 if os.environ.get("NODEGUARD_IN_VM") == "1" else 1.0  # emulated CPUs: every wait longer
+BURNERS = 6
+UNLIMITED = CpuMax(None)
+
+
+@dataclass
+class ShapedNode:
+    """One test's node; ``important`` is the Guaranteed (protected) workload, ``burners`` the batch work."""
+
+    hierarchy: rc.Hierarchy
+    parent: str
+    burners: list[rc.KubeletPod]
+    important: rc.KubeletPod
+    sensing: dict[str, Any]  # how discovery finds these workloads
+    workloads: dict[str, Any] = field(default_factory=dict)  # the config's workloads section, if any
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    originals: dict[str, CpuMax] = field(default_factory=dict)
+    weights: dict[str, int] = field(default_factory=dict)
+
+    def every_dir(self) -> list[str]:
+        dirs = {
+            rel for pod in [*self.burners, self.important] for rel in (pod.pod, pod.sandbox, pod.container, pod.inner)
+        }
+        return sorted(dirs)
+
+    def tiers(self) -> list[str]:
+        tiers = [f"{self.parent}/kubepods/{tier}" for tier in ("burstable", "besteffort")]
+        return [t for t in [*tiers, f"{self.parent}/kubepods"] if (self.hierarchy.writable / t).is_dir()]
+
+    def record_originals(self) -> None:
+        self.originals = {rel: self.hierarchy.limit(rel) for rel in self.every_dir()}
+        self.weights = {rel: self.hierarchy.weight(rel) for rel in [*self.every_dir(), *self.tiers()]}
+
+    def changed(self) -> set[str]:
+        """Every group whose limit or weight is not at its original."""
+        limits = {rel for rel, limit in self.originals.items() if self.hierarchy.limit(rel) != limit}
+        return limits | {rel for rel, w in self.weights.items() if self.hierarchy.weight(rel) != w}
+
+    def throttled(self) -> set[str]:
+        """The burners' workloads whose limit is not their original."""
+        return {pod.pod for pod in self.burners if self.hierarchy.limit(pod.pod) != self.originals[pod.pod]}
+
+    def start(
+        self, burners: int = BURNERS, important_share: float = 0.3, burner_shares: list[float] | None = None
+    ) -> None:
+        """The important workload wakes for ``important_share`` of each 100 ms; burners spin (or run duty cycles)."""
+        self.procs.append(start_duty_cycle(important_share, *self.hierarchy.dirs(self.important.inner)))
+        for i, pod in enumerate(self.burners[:burners]):
+            if burner_shares is None:
+                self.procs.append(pod.start_busy())
+            else:
+                self.procs.append(start_duty_cycle(burner_shares[i], *self.hierarchy.dirs(pod.inner)))
+
+    def stop_burners(self) -> None:
+        for proc in self.procs[1:]:
+            rc.stop(proc)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                rc.stop(proc)
+
+    def config(self, ledger: Path, objectives: list[dict[str, Any]], **guard: Any) -> dict[str, Any]:
+        """``nodeguard run``'s config for this node: the objectives, guard settings, the ledger; no HTTP, no gate."""
+        return {
+            "global": {
+                "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.hierarchy.version,
+                            "tickSeconds": TICK, **self.sensing},
+                **({"workloads": self.workloads} if self.workloads else {}),
+                "guard": {"objectives": objectives, **guard},
+                "actuation": {"ledgerPath": str(ledger)},
+                "http": {"enabled": False},
+                "gate": {"enabled": False},
+            }
+        }  # fmt: skip
+
+
+@contextlib.contextmanager
+def kubelet_node(
+    hierarchy: rc.Hierarchy,
+    burner_limit: CpuMax | None,
+    important_limit: CpuMax,
+    shares: int | None = None,
+    burners: int = BURNERS,
+) -> Iterator[ShapedNode]:
+    """Burstable burners (``burner_limit`` at pod and container) and a Guaranteed pod, as kubelet lays them out;
+    ``shares``: every pod's ``cpu.shares`` (the Burstable tier's is their sum), else the kernel's defaults."""
+    parent = rc.unique_name()
+    with contextlib.ExitStack() as stack:
+        pods = [
+            stack.enter_context(rc.kubelet_pod(hierarchy, parent, "burstable", burner_limit)) for _ in range(burners)
+        ]
+        important = stack.enter_context(rc.kubelet_pod(hierarchy, parent, None, important_limit))
+        if shares is not None:
+            for pod in [*pods, important]:
+                hierarchy.set_shares(pod.pod, shares)
+            hierarchy.set_shares(f"{parent}/kubepods/burstable", shares * len(pods))
+        node = ShapedNode(hierarchy, parent, pods, important, {"kubepodsPaths": [f"{parent}/kubepods"]})
+        node.record_originals()
+        try:
+            yield node
+        finally:
+            node.stop_all()
+
+
+@contextlib.contextmanager
+def plain_node(hierarchy: rc.Hierarchy, burners: int = BURNERS) -> Iterator[ShapedNode]:
+    """A plain host's groups side by side: ``important`` (Guaranteed, protected) and ``be-N`` (BestEffort), no
+    limits; each group is its own workload (its processes run in it)."""
+    parent = rc.unique_name()
+    names = ["important", *[f"be-{i}" for i in range(burners)]]
+    groups = {name: rc.KubeletPod(hierarchy, *[f"{parent}/{name}"] * 4) for name in names}
+    with hierarchy.groups(*[f"{parent}/{name}" for name in names]):
+        node = ShapedNode(
+            hierarchy, parent, [groups[n] for n in names[1:]], groups["important"], {"kubepods": False},
+            workloads={"groups": [
+                {"match": f"{parent}/be-*", "class": "BestEffort"},
+                {"match": f"{parent}/important", "class": "Guaranteed", "priority": 1000, "protected": True},
+            ]},
+        )  # fmt: skip
+        node.record_originals()
+        try:
+            yield node
+        finally:
+            node.stop_all()
