@@ -59,6 +59,7 @@ class Results:
     refused: dict[Key, WriteRefused] = field(default_factory=dict)
     gone: set[Key] = field(default_factory=set)
     withheld: list[Change] = field(default_factory=list)  # not written: the ledger could not be saved first
+    unsaved: str | None = None  # why the ledger could not be saved (errno name), when changes were withheld
 
 
 def recorded(
@@ -131,7 +132,8 @@ class Changer:
         try:
             if any(writes for _, _, writes in prepared):
                 self.ledger.save()
-        except LedgerUnsaved:
+        except LedgerUnsaved as exc:
+            results.unsaved = exc.errno_name
             prepared = self._withhold(prepared, previous, results)
         for change, current, writes in prepared:
             self._write(change, current, writes, previous[change.key], results, **context)

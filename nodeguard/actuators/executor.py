@@ -225,7 +225,7 @@ class Executor:
             state = _hold(state, group, before.throttles.get(group))
         for change in results.withheld:
             state = _hold(state, change.group, before.throttles.get(change.group))
-        self._withheld(results.withheld)
+        self._withheld(results.withheld, results.unsaved)
         for key in results.gone:
             state = _without(state, key)
         written: dict[str, CpuMax] = {}
@@ -248,13 +248,13 @@ class Executor:
                 cgroup=refusal.path, error=refusal.error, detail=refusal.detail,
             )  # fmt: skip
 
-    def _withheld(self, changes: list[Change]) -> None:
+    def _withheld(self, changes: list[Change], error: str | None) -> None:
         if not changes:
             return
         self.counters.withheld += len(changes)
         if self._errors.allow("ledger:withheld"):
             log.error(
-                "ledger cannot be saved: changes withheld (restores still happen)", file=self.ledger.path,
+                "ledger cannot be saved: changes withheld (restores still happen)", file=self.ledger.path, error=error,
                 withheld=[f"{c.kind} {c.group} to {c.target}" for c in changes],
             )  # fmt: skip
 
@@ -341,7 +341,7 @@ class Executor:
             lowered.pop(key[1], None)
         for change in results.withheld:
             lowered.pop(change.group, None)
-        self._withheld(results.withheld)
+        self._withheld(results.withheld, results.unsaved)
         for (_, group), refusal in results.refused.items():
             action = actions[group]
             self._refused(action, refusal)

@@ -145,5 +145,5 @@ def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serve
         assert podman("inspect", "--format", "{{.State.ExitCode}}", daemon) == "0", logs()
         assert hierarchy.limit(pod) == UNLIMITED
         assert not Ledger.load(str(run_dir / "ledger.json")).of("cpu.max")
-        assert '"event": "restored throttles on exit"' in logs()
+        assert '"event": "restored every lever on exit"' in logs()
         print(f"\nburner under the image's daemon: {during:.2f} cores under a quota of {throttled.cores:.2f}")

@@ -95,8 +95,9 @@ def test_every_registered_lever_has_a_held_value_here() -> None:
     assert set(LEVER_KINDS) == {(name, down) for name in levers.NAMES for down in (True, False)}
 
 
-def test_restore_all_puts_back_every_registered_lever(hierarchy: rc.Hierarchy, tmp_path: Path) -> None:
-    """`restore --all` writes back every lever's original and empties the ledger."""
+def test_restore_all_puts_back_every_registered_lever(tmp_path: Path) -> None:
+    """`restore --all` writes back every lever's original and empties the ledger (host v1; v2 below)."""
+    hierarchy = rc.v1_cpu_hierarchy()
     ledger = tmp_path / "ledger.json"
     with one_group_per_lever(hierarchy) as (kubepods, groups):
         originals = hold_every_lever(hierarchy, groups, ledger)
@@ -110,8 +111,9 @@ def test_restore_all_puts_back_every_registered_lever(hierarchy: rc.Hierarchy, t
         assert not Ledger.load(str(ledger))
 
 
-def test_start_restores_every_registered_lever(hierarchy: rc.Hierarchy, tmp_path: Path) -> None:
-    """onStart: restore puts every lever's original back before the first tick."""
+def test_start_restores_every_registered_lever(tmp_path: Path) -> None:
+    """onStart: restore puts every lever's original back before the first tick (host v1; v2 below)."""
+    hierarchy = rc.v1_cpu_hierarchy()
     ledger = tmp_path / "ledger.json"
     with one_group_per_lever(hierarchy) as (kubepods, groups):
         originals = hold_every_lever(hierarchy, groups, ledger)

@@ -110,10 +110,12 @@ def test_one_bad_entry_is_set_aside_alone_and_the_good_ones_are_restored(tmp_pat
         (tmp_path / "c.json").write_text(json.dumps(config(hierarchy, ledger)))
         result = nodeguard("restore", "--all", "--config", str(tmp_path / "c.json"))
         assert result.returncode == 0, result.stderr
-        assert f"restored  {parent}/a" in result.stdout and "ledger entry rejected" in result.stderr
+        assert f"restored  cpu.max    {parent}/a" in result.stdout and "ledger record rejected" in result.stderr
         assert hierarchy.limit(f"{parent}/a") == UNLIMITED
         [rejected] = [p for p in ledger.parent.iterdir() if p.name.startswith("ledger.json.rejected-")]
-        assert json.loads(rejected.read_text())["entries"] == [bad]
+        # Kept as the version-2 record it migrated to, every value as found.
+        [kept] = json.loads(rejected.read_text())["records"]
+        assert (kept["lever"], kept["group"], kept["original"]) == ("cpu.max", f"{parent}/c", "abc")
 
         ledger.write_text(json.dumps({"version": 1, "entries": [bad, good[1]]}))
         with stopped_at_exit(DaemonProcess(config(hierarchy, ledger), tmp_path).start()) as process:
@@ -238,7 +240,7 @@ def test_a_pod_resized_while_throttled_gets_its_new_limit_back(version: str, tmp
                     hierarchy.set_limit(pod.container, resized)
                 hierarchy.set_limit(pod.pod, resized)
                 process.wait_for(
-                    lambda: any(e.get("event") == "limit changed behind nodeguard: taken as the new original"
+                    lambda: any(e.get("event") == "quota changed behind nodeguard: taken as the new original"
                                 for e in process.events()), 20, "the resize taken as the new original",
                 )  # fmt: skip
                 process.wait_for(lambda: hierarchy.limit(pod.pod) != resized, 10, "the throttle kept under it")
