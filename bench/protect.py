@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import signal
 import subprocess
@@ -85,7 +84,7 @@ from nodeguard.model.samples import CpuMax  # noqa: E402
 from tests import realcgroups as rc  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
 from tests.gate.helpers import free_port  # noqa: E402
-from tests.workloads import CPU_UNITS, probe_iterations, probe_lateness, start_probe  # noqa: E402
+from tests.workloads import CPU_UNITS, p99, p99_windows, probe_iterations, probe_lateness, start_probe  # noqa: E402
 
 TICK = 0.5
 WATERLINE_PCT = 70.0
@@ -213,14 +212,6 @@ def cpu_times() -> tuple[int, int]:
     return total - fields[3] - fields[4], total
 
 
-def p99(values: list[float]) -> float | None:
-    """Nearest-rank 99th percentile."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
-
-
 @dataclass
 class Window:
     lateness_ms: list[float]
@@ -235,13 +226,7 @@ class Window:
 
     def p99_per(self, span: float, step: float) -> list[float]:
         """The p99 lateness of every ``span``-second sub-window, ``step`` seconds apart."""
-        found, start = [], self.since_us
-        while start + span * 1e6 <= self.until_us + 1:
-            worst = p99(probe_lateness(self.probe_text, start, round(start + span * 1e6)))
-            if worst is not None:
-                found.append(worst)
-            start += round(step * 1e6)
-        return found
+        return p99_windows(self.probe_text, self.since_us, self.until_us, span, step)
 
 
 def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds: float) -> Window:

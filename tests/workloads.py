@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -110,4 +111,24 @@ def probe_lateness(text: str, since_us: int = 0, until_us: int | None = None) ->
         release, lateness = int(fields[0]), int(fields[1])
         if release >= since_us and (until_us is None or release < until_us):
             found.append(lateness / 1000)
+    return found
+
+
+def p99(values: list[float]) -> float | None:
+    """Nearest-rank 99th percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def p99_windows(text: str, since_us: int, until_us: int, span: float, step: float) -> list[float]:
+    """The p99 lateness (ms) of every ``span``-second stretch of a probe's output in [since_us, until_us), ``step``
+    seconds apart (stretches without a unit left out)."""
+    found, start = [], since_us
+    while start + span * 1e6 <= until_us + 1:
+        worst = p99(probe_lateness(text, start, round(start + span * 1e6)))
+        if worst is not None:
+            found.append(worst)
+        start += round(step * 1e6)
     return found

@@ -35,7 +35,6 @@ from nodeguard.policy.state import GuardState, LoweredWeight, QuotaTrial
 
 # A lowered weight stays while the work under it waits for this many cores more than the node has idle.
 CONTENDED_CORES = 0.1
-QUIET_CAP = 1_000_000  # a quiet streak stops counting here (it only has to reach guard.protect.quietTicks)
 
 
 def _fmt(value: float) -> str:
@@ -219,7 +218,7 @@ def weighed(state: ProtectState, demands: Mapping[str, float | None]) -> Protect
         if held is None:
             continue
         quiet = demand is not None and demand < CONTENDED_CORES
-        lowered[group] = replace(held, quiet_ticks=min(held.quiet_ticks + 1, QUIET_CAP) if quiet else 0)
+        lowered[group] = replace(held, quiet_ticks=held.quiet_ticks + 1 if quiet else 0)
     return replace(state, lowered=lowered)
 
 

@@ -71,6 +71,14 @@ def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
     return ledger
 
 
+def restart(node: ShapedNode, ledger: Path, tmp_path: Path, on_start: str) -> DaemonProcess:
+    """The next daemon on the crashed one's ledger (a short weight hold), in its own directory."""
+    (tmp_path / "second").mkdir()
+    config = protect_config(node, ledger, weightHoldSeconds=HOLD)
+    config["global"]["actuation"]["onStart"] = on_start
+    return DaemonProcess(config, tmp_path / "second").start()
+
+
 def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ShapedNode, tmp_path: Path) -> None:
     """A ledger holding only the tier's lowered weight, left by a SIGKILLed daemon, is put back by the next daemon
     before its first tick (onStart: restore), and the ledger empties."""
@@ -81,8 +89,7 @@ def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ShapedNode
     assert node.changed(), "the crash left the weight down"
     node.stop_burners()
 
-    (tmp_path / "second").mkdir()
-    daemon = DaemonProcess(protect_config(node, ledger, weightHoldSeconds=HOLD), tmp_path / "second").start()
+    daemon = restart(node, ledger, tmp_path, "restore")
     try:
         daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
         events = [e.get("event") for e in daemon.events()]
@@ -104,10 +111,7 @@ def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: Sha
     assert node.hierarchy.weight(tier) != node.weights[tier]
     node.stop_burners()
 
-    (tmp_path / "second").mkdir()
-    config = protect_config(node, ledger, weightHoldSeconds=HOLD)
-    config["global"]["actuation"]["onStart"] = "adopt"
-    daemon = DaemonProcess(config, tmp_path / "second").start()
+    daemon = restart(node, ledger, tmp_path, "adopt")
     try:
         daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
         adopted = next(e for e in daemon.events() if e.get("event") == "re-adopted the ledger's records")
@@ -132,10 +136,7 @@ def test_weights_and_quotas_both_come_back_after_a_crash(any_node: ShapedNode, t
     assert all(held(ledger).values())
     node.stop_burners()
 
-    (tmp_path / "second").mkdir()
-    config = protect_config(node, ledger, weightHoldSeconds=HOLD)
-    config["global"]["actuation"]["onStart"] = "adopt"
-    daemon = DaemonProcess(config, tmp_path / "second").start()
+    daemon = restart(node, ledger, tmp_path, "adopt")
     try:
         daemon.wait_for(lambda: not node.changed(), 40 * SLOW, "every weight and limit back")
         daemon.wait_for(lambda: not Ledger.load(str(ledger)), 5 * SLOW, "the ledger emptied")

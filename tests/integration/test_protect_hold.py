@@ -24,7 +24,7 @@ from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
 from tests.integration.harness import SLOW, ShapedNode
 from tests.integration.test_protect_e2e import protect_config, protected_node
-from tests.workloads import CPU_UNITS, probe_lateness, start_probe
+from tests.workloads import CPU_UNITS, p99, p99_windows, probe_lateness, start_probe
 
 HOLD = 3.0  # weightHoldSeconds: a fifth of a measured window
 WINDOW = 15.0  # seconds of each window whose p99 is judged
@@ -43,21 +43,6 @@ def node() -> Iterator[ShapedNode]:
         yield shaped
 
 
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    assert ordered, "the probe reported no unit"
-    return ordered[max(0, -(-99 * len(ordered) // 100) - 1)]
-
-
-def windows(text: str, since: float, until: float) -> list[float]:
-    """The p99 lateness (ms) of every WINDOW-second stretch of [since, until), 5 s apart."""
-    found, start = [], since
-    while start + WINDOW <= until + 1e-6:
-        found.append(p99(probe_lateness(text, round(start * 1e6), round((start + WINDOW) * 1e6))))
-        start += 5.0
-    return found
-
-
 def test_weights_stay_down_under_lasting_contention_and_come_back_when_it_ends(
     node: ShapedNode, tmp_path: Path
 ) -> None:
@@ -73,6 +58,7 @@ def test_weights_stay_down_under_lasting_contention_and_come_back_when_it_ends(
         since = time.monotonic()
         time.sleep(ALONE)
         alone = p99(probe_lateness(alone_out.read_text(), round(since * 1e6), round(time.monotonic() * 1e6)))
+        assert alone is not None, "the probe reported no unit"
 
         node.procs += [pod.start_busy() for pod in node.burners]
         tier = f"{node.parent}/kubepods/burstable"
@@ -92,7 +78,8 @@ def test_weights_stay_down_under_lasting_contention_and_come_back_when_it_ends(
         restored = [e for e in daemon.events() if e.get("event") == "reweigh" and e.get("restored")]
         assert not restored, f"weights put back while the burners ran: {restored}"
         assert lowered_throughout
-        ratios = [round(w / alone, 2) for w in windows(out.read_text(), since, until)]
+        found = p99_windows(out.read_text(), round(since * 1e6), round(until * 1e6), WINDOW, 5.0)
+        ratios = [round(w / alone, 2) for w in found]
         assert len(ratios) >= 3
         bound = VM_BOUND if IN_VM else 1.5
         assert max(ratios) <= bound, f"p99 per 15 s window over {alone:.2f} ms alone: {ratios}"
