@@ -30,9 +30,12 @@ HOLD = 3.0  # weightHoldSeconds: a fifth of a measured window
 WINDOW = 15.0  # seconds of each window whose p99 is judged
 CONTENTION = 30.0  # seconds measured under contention, after the weight came down
 ALONE = 12.0
-PROTECTED_LIMIT = CpuMax(100000)
+PROTECTED_LIMIT = CpuMax(100000)  # 1 core at the pod and its container: the probe's 0.4 core never hits it
 IN_VM = os.environ.get("NODEGUARD_IN_VM") == "1"
-VM_BOUND = 5.0  # the emulated VM: static levers measured 1.6-4.5x alone there (README, bench/protect.py --levers)  # 1 core at the pod and its container: the probe's 0.4 core never hits it
+# What the test tells apart: the lever held (0.8-1.7x alone on this host, CI's noisiest window 1.71x) from the
+# probe re-exposed by a restore (12x over 15 s when measured, issue 21). bench/protect.py measures the tail itself.
+HOST_BOUND = 3.0
+VM_BOUND = 5.0  # the emulated VM: static levers measured 1.6-4.5x alone there (README, bench/protect.py --levers)
 
 
 @pytest.fixture
@@ -47,9 +50,9 @@ def test_weights_stay_down_under_lasting_contention_and_come_back_when_it_ends(
     node: ShapedNode, tmp_path: Path
 ) -> None:
     """With a 3 s hold and burners that never stop, the tier's weight stays down (no restore while they run) and
-    the protected probe's p99 in every 15 s window stays within 1.5x its p99 alone (in the emulated VM, within
-    VM_BOUND: no static lever gets under 1.5x there, while a re-exposed probe is late by 10-1000x); once the
-    burners stop, the weight is back within the hold and the ledger is empty."""
+    the protected probe's p99 in every 15 s window stays within 3x its p99 alone, far from the 10-1000x of a
+    re-exposed probe (in the emulated VM, within VM_BOUND); once the burners stop, the weight is back within the
+    hold and the ledger is empty."""
     alone_out, out = tmp_path / "alone.txt", tmp_path / "probe.txt"
     probe = start_probe(alone_out, CPU_UNITS, *node.hierarchy.dirs(node.important.inner))
     daemon = DaemonProcess(protect_config(node, tmp_path / "run/ledger.json", weightHoldSeconds=HOLD), tmp_path)
@@ -81,7 +84,7 @@ def test_weights_stay_down_under_lasting_contention_and_come_back_when_it_ends(
         found = p99_windows(out.read_text(), round(since * 1e6), round(until * 1e6), WINDOW, 5.0)
         ratios = [round(w / alone, 2) for w in found]
         assert len(ratios) >= 3
-        bound = VM_BOUND if IN_VM else 1.5
+        bound = VM_BOUND if IN_VM else HOST_BOUND
         assert max(ratios) <= bound, f"p99 per 15 s window over {alone:.2f} ms alone: {ratios}"
 
         node.stop_burners()
