@@ -23,7 +23,7 @@ from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
 from nodeguard.actuators.changes import Done
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
-from nodeguard.actuators.executor import Executor, HoldTimes
+from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.node_lock import hold_node
 from nodeguard.config import Document, Settings, load_document
@@ -37,7 +37,8 @@ from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.node_identity import node_name
-from nodeguard.policy import planner
+from nodeguard.policy import outcome, planner
+from nodeguard.policy.outcome import HoldTimes
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
 from nodeguard.sd_notify import Notifier
@@ -165,7 +166,8 @@ class Daemon:
         if not actuation.dry_run:
             self._lock.enter_context(hold_node(self.writer.root, self.settings.sensing.proc_root))
         self.ledger = Ledger.load(actuation.ledger_path)
-        self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn, hold_times(self.settings))
+        self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn)
+        self.holds = hold_times(self.settings)
         self.coordination = CoordinationService(self.settings.coordination, node or node_name())
         self.gate = GateService(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
@@ -196,7 +198,7 @@ class Daemon:
         if not self.ledger:
             return
         if self.settings.actuation.on_start == "adopt":
-            self.state = self.executor.adopt(time.monotonic())
+            self.state = outcome.adopted(self.executor.adopt(), time.monotonic())
             log.info("re-adopted the ledger's records", **held_counts(self.ledger))
         else:
             outcomes = self.executor.restore_everything()
@@ -259,17 +261,20 @@ class Daemon:
         stays pure, and what an earlier pass wrote is not written twice.
         """
         # A limit resized behind a throttle is the new original before anything is planned on it.
-        state = self.executor.adopt_moves(snapshot, self.state)
+        state = outcome.fold_moves(self.state, self.executor.adopt_moves(snapshot))
         written: dict[str, CpuMax] = {}
         for attempt in range(1, MAX_PASSES + 1):
             plan = planner.plan(snapshot, state, self.settings.guard)
             carried = self.executor.carry_out(plan, state, snapshot, done=written, final=attempt == MAX_PASSES)
-            written.update(carried.written)
-            if not carried.refused or attempt == MAX_PASSES:
+            after = outcome.after_pass(plan, state, carried.outcome, self.holds)
+            written.update(after.written)
+            if not after.refused or attempt == MAX_PASSES:
                 break
-            state = state.with_held_back(carried.refused)
-        self.state, reweighed = self.executor.reweigh(plan, carried.state.without_held_back(written))
-        self.changes = [*carried.done, *reweighed]
+            state = state.with_held_back(after.refused)
+        reweighed = self.executor.reweigh(plan)
+        state = after.state.without_held_back(written)
+        self.state = outcome.after_reweigh(plan, state, reweighed.unchanged, self.holds)
+        self.changes = [*carried.done, *reweighed.done]
         return plan
 
     def _notify_tick(self, plan: Plan) -> None:
@@ -392,7 +397,7 @@ class Daemon:
             )
         self.settings = new
         self.sensor.reconfigure(new)
-        self.executor.holds = hold_times(new)
+        self.holds = hold_times(new)
         self.gate.reconfigure(new.gate)
         self.coordination.reconfigure(new.coordination)
         if self.kube is not None:

@@ -1,17 +1,17 @@
 """Carrying out a plan: its actions as lever changes (ledger first, see ``changes``), and evictions.
 
 A write the kernel refuses releases nothing: the workload is held back with
-the refusal's cause and the daemon plans the same tick again without it
-(``Carried.refused``), so the next candidates close the gap. Evictions start
-only once a pass has no refusals left. What happened is folded back into the
-guard state per lever (``ADOPTED``, ``fold_moves``), so no registered lever
-can be left out of start, drift or the state.
+the refusal's cause and the daemon plans the same tick again without it, so
+the next candidates close the gap. Evictions start only once a pass has no
+refusals left. The executor reports what happened in the policy's terms
+(``nodeguard.policy.outcome``); folding that into the guard state is the
+policy's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from nodeguard.actuators import drift
@@ -27,9 +27,9 @@ from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.policy.actions import Evict, Restore, Reweigh, Throttle
-from nodeguard.policy.metrics import Metric
+from nodeguard.policy.outcome import Held, Moves, QuotaOutcome, Refusal, Unchanged
 from nodeguard.policy.planner import Plan
-from nodeguard.policy.state import GuardState, HeldBack, HeldThrottle, LoweredWeight, held_back_after
+from nodeguard.policy.state import GuardState
 from nodeguard.sources.cgroupfs import parse_cpu_max
 
 log = get_logger("nodeguard.executor")
@@ -53,64 +53,33 @@ class ActionCounters:
 
 
 @dataclass(frozen=True, slots=True)
-class HoldTimes:
-    """How long a workload whose write was refused is held back: doubling from ``first`` to ``longest`` seconds."""
-
-    first: float = 30.0
-    longest: float = 600.0
-
-
-@dataclass
 class Carried:
-    """What one pass of carrying out a plan did."""
+    """What one pass of carrying out a plan did: for the policy to fold, and every change made (for Events)."""
 
-    state: GuardState  # the state as the kernel now is (meaningful when ``refused`` is empty or the pass was final)
-    refused: dict[str, HeldBack]  # throttles refused in this pass: plan again without them
-    written: dict[str, CpuMax]  # workload limits written in this pass
-    done: list[Done] = field(default_factory=list)  # every lever change made, for Events
+    outcome: QuotaOutcome
+    done: list[Done] = field(default_factory=list)
 
 
-# --- the guard state, per lever -------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Reweighed:
+    unchanged: Unchanged
+    done: list[Done] = field(default_factory=list)
 
 
-def _adopt_quota(state: GuardState, record: LeverRecord, now: float) -> GuardState:
-    reasons = frozenset({Metric(record.reason)}) if record.reason in Metric._value2member_map_ else frozenset()
-    held = HeldThrottle(record.group, parse_cpu_max(record.original), parse_cpu_max(record.applied), reasons, now)
-    return replace(state, throttles={**state.throttles, record.group: held})
+def _unchanged(results: Results) -> Unchanged:
+    refused = {group: Refusal(r.error, r.file, r.detail) for (_, group), r in results.refused.items()}
+    return Unchanged(refused, frozenset(c.group for c in results.withheld), frozenset(g for _, g in results.gone))
 
 
-def _adopt_weight(state: GuardState, record: LeverRecord, now: float) -> GuardState:
-    return replace(state, lowered={**state.lowered, record.group: LoweredWeight(record.group, now)})
+def _moves(moves: drift.Moves) -> Moves:
+    originals = {group: parse_cpu_max(value) for (lever, group), value in moves.originals.items() if lever == QUOTA}
+    return Moves(originals, frozenset(moves.released))
 
 
-def _without(state: GuardState, key: Key) -> GuardState:
-    lever, group = key
-    if lever == QUOTA:
-        return replace(state, throttles={k: v for k, v in state.throttles.items() if k != group})
-    return replace(state, lowered={k: v for k, v in state.lowered.items() if k != group})
-
-
-def _moved(state: GuardState, key: Key, original: str) -> GuardState:
-    lever, group = key
-    held = state.throttles.get(group)
-    if lever != QUOTA or held is None:
-        return state  # a lowered weight keeps no original in the state
-    return replace(state, throttles={**state.throttles, group: replace(held, original=parse_cpu_max(original))})
-
-
-# Each registered lever's records as the guard state holds them (tests/actuators/test_levers.py checks it is total).
-ADOPTED: dict[str, Callable[[GuardState, LeverRecord, float], GuardState]] = {
-    QUOTA: _adopt_quota,
-    WEIGHT: _adopt_weight,
-}
-
-
-def fold_moves(state: GuardState, moves: drift.Moves) -> GuardState:
-    for key, original in moves.originals.items():
-        state = _moved(state, key, original)
-    for key in moves.released:
-        state = _without(state, key)
-    return state
+def _held(record: LeverRecord) -> Held:
+    if record.lever != QUOTA:
+        return Held(record.lever, record.group, record.reason)
+    return Held(QUOTA, record.group, record.reason, parse_cpu_max(record.original), parse_cpu_max(record.applied))
 
 
 class Executor:
@@ -120,14 +89,12 @@ class Executor:
         evictor: Evictor,
         ledger: Ledger,
         spawn: Spawn,
-        holds: HoldTimes | None = None,
     ) -> None:
         self.levers = levers
         self.evictor = evictor
         self.ledger = ledger
         self.changer = Changer(ledger, levers)
         self.spawn = spawn
-        self.holds = holds or HoldTimes()
         self.counters = ActionCounters()
         self.evicting: set[str] = set()
         self._failed_evictions: set[str] = set()
@@ -172,20 +139,20 @@ class Executor:
         real = [a for a in quota_actions if not a.dry_run and done.get(a.workload_id) != a.quota]
         changes = [self._quota_change(a, before, done) for a in real]
         results = self.changer.apply(changes) if changes else Results()
-        state, refused, written = self._fold_quotas(plan, before, real, results)
-        if refused and not final:
-            return Carried(state, refused, written, results.done)
+        written = self._report_quotas(real, results)
+        unchanged = _unchanged(results)
+        released = frozenset(d.change.group for d in results.done if d.change.release)
+        refused_throttles = any(isinstance(a, Throttle) and a.workload_id in unchanged.refused for a in real)
+        if refused_throttles and not final:
+            return Carried(QuotaOutcome(unchanged, written, released), results.done)
         for eviction in plan.actions:
             if isinstance(eviction, Evict):
                 self._evict(eviction)
-        state = self._reassert(snapshot, state, skip={(QUOTA, w) for w in written})
-        for workload_id in self._failed_evictions:
-            state = state.without_eviction(workload_id)
-        self._failed_evictions.clear()
-        state = state.with_held_back(refused).without_held_back(written)
+        moves = self._reassert(snapshot, skip={(QUOTA, w) for w in written})
+        failed, self._failed_evictions = frozenset(self._failed_evictions), set()
         if real or plan.departed:
             self._save("after writing")
-        return Carried(state, refused, written, results.done)
+        return Carried(QuotaOutcome(unchanged, written, released, moves, failed), results.done)
 
     def _departed(self, workload_id: str) -> None:
         """A throttled workload the snapshot no longer shows: forgotten where its group left, its original put back
@@ -207,36 +174,19 @@ class Executor:
         return Change(QUOTA, action.workload_id, action.quota.render_v2(), action.original.render_v2(), full,
                       action.kind, str(action.metric), drifted, action)  # fmt: skip
 
-    def _fold_quotas(
-        self, plan: Plan, before: GuardState, actions: list[QuotaAction], results: Results
-    ) -> tuple[GuardState, dict[str, HeldBack], dict[str, CpuMax]]:
-        """The plan's state, less what did not happen: a refused write keeps the throttle it had."""
-        state = plan.state
-        refused: dict[str, HeldBack] = {}
+    def _report_quotas(self, actions: list[QuotaAction], results: Results) -> dict[str, CpuMax]:
+        """Log and count what the changes did; the limits written, per workload."""
         by_id = {a.workload_id: a for a in actions}
         for (_, group), refusal in results.refused.items():
-            action = by_id[group]
-            self._refused(action, refusal)
-            if isinstance(action, Throttle):
-                refused[group] = held_back_after(
-                    before.held_back.get(group), group, error=refusal.error, file=refusal.file,
-                    detail=refusal.detail, now=plan.monotonic, first=self.holds.first, longest=self.holds.longest,
-                )  # fmt: skip
-            state = _hold(state, group, before.throttles.get(group))
-        for change in results.withheld:
-            state = _hold(state, change.group, before.throttles.get(change.group))
+            self._refused(by_id[group], refusal)
         self._withheld(results.withheld, results.unsaved)
-        for key in results.gone:
-            state = _without(state, key)
         written: dict[str, CpuMax] = {}
         for made in results.done:
             action = by_id[made.change.group]
-            if made.change.release and not (isinstance(action, Restore) and action.full):
-                state = _without(state, made.change.key)  # a step up the ledger could not record went all the way
             written[made.change.group] = parse_cpu_max(made.after)
             self.counters.count(action.kind, str(action.metric), False)
             self._log(action, "", children=made.children)
-        return state, refused, written
+        return written
 
     def _refused(self, action: QuotaAction | Reweigh, refusal: WriteRefused) -> None:
         self.counters.failed += 1
@@ -293,7 +243,7 @@ class Executor:
 
         return seen
 
-    def adopt_moves(self, snapshot: Snapshot, state: GuardState, skip: Collection[Key] = ()) -> GuardState:
+    def adopt_moves(self, snapshot: Snapshot, skip: Collection[Key] = ()) -> Moves:
         """Before planning: a held value someone set to a new one (an in-place resize) is the new original.
 
         Neither nodeguard's value nor the recorded original: the ledger and the
@@ -305,22 +255,21 @@ class Executor:
         self.counters.moved_originals += len(moves.originals) + moves.children
         if moves.released:
             self._save("releasing a resized workload")
-        return fold_moves(state, moves)
+        return _moves(moves)
 
-    def _reassert(self, snapshot: Snapshot, state: GuardState, skip: Collection[Key]) -> GuardState:
+    def _reassert(self, snapshot: Snapshot, skip: Collection[Key]) -> Moves:
         """After acting: put back every held value kubelet (or anyone) reset: drift. ``skip``: written now."""
-        state = self.adopt_moves(snapshot, state, skip)
+        moves = self.adopt_moves(snapshot, skip)
         for key, error in drift.reassert(self.ledger, self.levers, self._seen(snapshot), skip).items():
             self.counters.failed += 1
             if self._errors.allow(f"{key}:reassert"):
                 log.error(f"cannot re-assert {self.levers[key[0]].noun}", group=key[1], error=error)
-        return state
+        return moves
 
     # --- CPU weights (protected_cpu_stall) ------------------------------------------
 
-    def reweigh(self, plan: Plan, state: GuardState) -> tuple[GuardState, list[Done]]:
-        """Lower or put back the plan's weights (ledger first). A group whose weight the kernel refused is held
-        back like a workload whose quota was (the planner then goes on to the quota lever)."""
+    def reweigh(self, plan: Plan) -> Reweighed:
+        """Lower or put back the plan's weights (ledger first); what did not happen, for the policy to fold."""
         changes: list[Change] = []
         actions: dict[str, Reweigh] = {}
         for action in plan.reweighs:
@@ -333,24 +282,11 @@ class Executor:
                 changes.append(change)
                 actions[action.group] = action
         if not changes:
-            return state, []
+            return Reweighed(Unchanged())
         results = self.changer.apply(changes)
-        lowered = dict(state.lowered)
-        refused: dict[str, HeldBack] = {}
-        for key in results.gone:
-            lowered.pop(key[1], None)
-        for change in results.withheld:
-            lowered.pop(change.group, None)
         self._withheld(results.withheld, results.unsaved)
         for (_, group), refusal in results.refused.items():
-            action = actions[group]
-            self._refused(action, refusal)
-            if action.lower:
-                lowered.pop(group, None)
-                refused[group] = held_back_after(
-                    state.held_back.get(group), group, error=refusal.error, file=refusal.file,
-                    detail=refusal.detail, now=plan.monotonic, first=self.holds.first, longest=self.holds.longest,
-                )  # fmt: skip
+            self._refused(actions[group], refusal)
         for made in results.done:
             action = actions[made.change.group]
             self.counters.count(action.kind, str(action.metric), False)
@@ -358,7 +294,7 @@ class Executor:
                      file=self.weights.file_of_value(int(made.after)), restored=not action.lower,
                      workloads=list(action.workloads), reason=action.reason)  # fmt: skip
         self._save("after reweighing")
-        return replace(state, lowered=lowered).with_held_back(refused), results.done
+        return Reweighed(_unchanged(results), results.done)
 
     def _weight_change(self, action: Reweigh) -> Change | None:
         held = self.ledger.get(WEIGHT, action.group)
@@ -405,22 +341,12 @@ class Executor:
 
     # --- start and stop ----------------------------------------------------------
 
-    def adopt(self, now: float) -> GuardState:
+    def adopt(self) -> Iterable[Held]:
         """Keep holding every lever's ledger records that are still in place; forget the rest."""
-        state = GuardState()
-        for record in drift.adopt(self.ledger, self.levers):
-            state = ADOPTED[record.lever](state, record, now)
+        kept = drift.adopt(self.ledger, self.levers)
+        records = [_held(r) for r in kept]
         self._save("adopting")
-        return state
+        return records
 
     def restore_everything(self) -> dict[Outcome, list[str]]:
         return restore_all(self.ledger, self.levers)
-
-
-def _hold(state: GuardState, workload_id: str, held: HeldThrottle | None) -> GuardState:
-    throttles = dict(state.throttles)
-    if held is None:
-        throttles.pop(workload_id, None)
-    else:
-        throttles[workload_id] = held
-    return replace(state, throttles=throttles)

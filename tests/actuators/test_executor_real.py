@@ -16,10 +16,12 @@ from nodeguard.actuators.evictors import Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
+from nodeguard.model.snapshot import Snapshot
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.actions import Restore, Throttle
 from nodeguard.policy.metrics import Metric
-from nodeguard.policy.planner import plan
+from nodeguard.policy.outcome import after_pass, after_reweigh, fold_moves
+from nodeguard.policy.planner import Plan, plan
 from nodeguard.policy.state import GuardState, HeldThrottle
 from tests import realcgroups as rc
 from tests.policy.builders import cpu_throttle, guard, snapshot, usage
@@ -48,6 +50,17 @@ def executor_for(root: str, version: str, ledger: Ledger) -> Executor:
     return Executor(levers.build(CgroupWriter(root), version), NoEvictions(), ledger, lambda coro, name: None)
 
 
+def carried(executor: Executor, result: Plan, before: GuardState, seen: Snapshot) -> GuardState:
+    """One pass carried out and folded into the state, as the daemon does."""
+    return after_pass(result, before, executor.carry_out(result, before, seen).outcome).state
+
+
+def reweighed(executor: Executor, result: Plan, state: GuardState) -> tuple[GuardState, list[object]]:
+    """The plan's weights changed and folded into the state, as the daemon does; the changes made."""
+    done = executor.reweigh(result)
+    return after_reweigh(result, state, done.unchanged), list(done.done)
+
+
 def throttle_by_hand(executor: Executor, ledger: Ledger, pod: str, original: CpuMax, to: CpuMax) -> None:
     """Throttle a pod (and cap its children) as an earlier tick would have, its record in the ledger."""
     current, writes = executor.quota.plan(pod, to.render_v2(), {})
@@ -74,9 +87,9 @@ def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: 
         result = plan(calm, state, guard(cpu_throttle(1.6, 1.0), restoreStepPercent=10))
         [step] = [a for a in result.actions if isinstance(a, Restore)]
         assert not step.full, "the plan asked for one step up"
-        carried = executor.carry_out(result, state, calm)
+        after = carried(executor, result, state, calm)
         assert hierarchy.limit(pod.pod) == POD_LIMIT and hierarchy.limit(pod.container) == POD_LIMIT
-        assert pod.pod not in carried.state.throttles and pod.pod not in ledger.of("cpu.max")
+        assert pod.pod not in after.throttles and pod.pod not in ledger.of("cpu.max")
 
 
 def test_throttles_withheld_on_a_full_disk_leave_the_state_and_kernel_as_they_were(full_ledger_dir: Path) -> None:
@@ -90,8 +103,7 @@ def test_throttles_withheld_on_a_full_disk_leave_the_state_and_kernel_as_they_we
         busy = snapshot([usage(pod.pod, cores=1.0, cpu_max=POD_LIMIT)], cpus=2, cores_used=1.9)
         result = plan(busy, GuardState(), guard(cpu_throttle(1.4, 1.0)))
         assert [a for a in result.actions if isinstance(a, Throttle)]
-        carried = executor.carry_out(result, GuardState(), busy)
-        assert carried.state.throttles == {} and not ledger
+        assert carried(executor, result, GuardState(), busy).throttles == {} and not ledger
         assert hierarchy.limit(pod.pod) == POD_LIMIT and hierarchy.limit(pod.container) == POD_LIMIT
         assert executor.counters.withheld == 1
 
@@ -110,21 +122,21 @@ def test_a_resize_behind_a_throttle_becomes_the_original(tmp_path: Path) -> None
         hierarchy.set_limit(pod.pod, CpuMax(120000))  # the resize, as kubelet writes the pod
         seen = snapshot([usage(pod.pod, cores=0.3, cpu_max=CpuMax(120000))], cpus=2, cores_used=1.0)
         idle = guard(cpu_throttle(1.6, 1.5), restoreStepPercent=10)
-        state = executor.adopt_moves(seen, state)  # as the daemon does before planning
-        carried = executor.carry_out(plan(seen, state, idle), state, seen)
-        assert carried.state.throttles[pod.pod].original == CpuMax(120000)
+        state = fold_moves(state, executor.adopt_moves(seen))  # as the daemon does before planning
+        after = carried(executor, plan(seen, state, idle), state, seen)
+        assert after.throttles[pod.pod].original == CpuMax(120000)
         assert ledger.of("cpu.max")[pod.pod].original == CpuMax(120000).render_v2()
         kept = hierarchy.limit(pod.pod)
         assert kept.quota_us is not None and kept.quota_us < 120000, "the throttle is kept under the new limit"
-        assert carried.state.throttles[pod.pod].quota == kept
+        assert after.throttles[pod.pod].quota == kept
         assert executor.counters.moved_originals == 1
 
         hierarchy.set_limit(pod.container, CpuMax(20000))  # now a resize below the throttle: nothing left to hold
         hierarchy.set_limit(pod.pod, CpuMax(20000))
         seen = snapshot([usage(pod.pod, cores=0.2, cpu_max=CpuMax(20000))], cpus=2, cores_used=1.0)
-        state = executor.adopt_moves(seen, carried.state)
-        carried = executor.carry_out(plan(seen, state, idle), state, seen)
-        assert pod.pod not in carried.state.throttles and pod.pod not in ledger.of("cpu.max")
+        state = fold_moves(after, executor.adopt_moves(seen))
+        after = carried(executor, plan(seen, state, idle), state, seen)
+        assert pod.pod not in after.throttles and pod.pod not in ledger.of("cpu.max")
         assert hierarchy.limit(pod.pod) == CpuMax(20000)
 
 
@@ -163,7 +175,7 @@ def test_a_refused_weight_is_held_back_and_leaves_no_ledger_record(tmp_path: Pat
                  "triggerAfter": 1}  # fmt: skip
     p = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), guard(objective))
     assert [r.group for r in p.reweighs] == ["kp/burstable"]
-    state, done = executor.reweigh(p, p.state)
+    state, done = reweighed(executor, p, p.state)
     assert state.lowered == {} and done == []
     hold = state.held_back["kp/burstable"]
     assert (hold.error, hold.file) == ("EISDIR", "cpu.shares") and hold.until > p.monotonic
@@ -186,14 +198,13 @@ def test_a_lowered_group_that_vanishes_leaves_the_ledger_and_the_state(tmp_path:
     with hierarchy.groups(tier):
         hierarchy.set_shares(tier, 307)
         p = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), guard(objective))
-        state, done = executor.reweigh(p, p.state)
+        state, done = reweighed(executor, p, p.state)
         assert [(d.before, d.after, d.holds_back) for d in done] == [("307", "2", True)]
         assert hierarchy.weight(tier) == 2 and tier in state.lowered and tier in ledger.of("cpu.weight")
     seen = snapshot([stalled, burner], cpus=2, cores_used=2.0, monotonic=101.0)
     nothing = plan(seen, state, guard(objective))
     assert nothing.reweighs == ()
-    carried = executor.carry_out(nothing, state, seen)
-    after, _ = executor.reweigh(nothing, carried.state)
+    after, _ = reweighed(executor, nothing, carried(executor, nothing, state, seen))
     assert after.lowered == {} and not ledger
     assert not Ledger.load(str(tmp_path / "run/ledger.json")), "saved without it"
 
@@ -211,7 +222,9 @@ def test_a_throttled_workload_no_longer_seen_gets_its_original_back_where_its_gr
         with rc.kubelet_pod(hierarchy, parent, "burstable", POD_LIMIT) as leaves:
             for pod in (stays, leaves):
                 throttle_by_hand(executor, ledger, pod.pod, POD_LIMIT, throttled)
-                throttles[pod.pod] = HeldThrottle(pod.pod, POD_LIMIT, throttled, frozenset({Metric.CPU_TOTAL_USAGE}), 0.0)
+                throttles[pod.pod] = HeldThrottle(
+                    pod.pod, POD_LIMIT, throttled, frozenset({Metric.CPU_TOTAL_USAGE}), 0.0
+                )
             ledger.save()
         assert not (hierarchy.writable / leaves.pod).exists()
         assert hierarchy.limit(stays.container) == throttled, "the container was capped with its pod"

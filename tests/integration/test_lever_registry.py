@@ -19,11 +19,11 @@ from typing import Any
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.executor import ADOPTED
 from nodeguard.actuators.ledger import Ledger, LeverRecord
 from nodeguard.actuators.levers.base import Lever
 from nodeguard.daemon import held_counts
 from nodeguard.kubernetes.events import LEVER_KINDS
+from nodeguard.policy.outcome import ADOPTED, QUOTA, WEIGHT
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
 from tests.integration.harness import SLOW
@@ -91,7 +91,7 @@ def config(
 def test_every_registered_lever_has_a_held_value_here() -> None:
     """The tests below hold every registered lever, and the per-lever tables of the code cover each one."""
     assert set(HELD) == set(levers.NAMES)
-    assert set(ADOPTED) == set(levers.NAMES)
+    assert set(ADOPTED) == set(levers.NAMES) and {QUOTA, WEIGHT} <= set(levers.NAMES)
     assert set(LEVER_KINDS) == {(name, down) for name in levers.NAMES for down in (True, False)}
 
 

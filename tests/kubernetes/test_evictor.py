@@ -20,6 +20,7 @@ from nodeguard.kubernetes.metadata import parse_pod_list
 from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.actions import Evict
+from nodeguard.policy.outcome import after_pass
 from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState
 from tests.kubernetes.conftest import Canned, FakeCgroupEvictor, FakeKube, Pki, settings_for
@@ -207,7 +208,7 @@ async def test_budget_refusal_moves_on_to_the_next_candidate(
         snap = snapshot([pod_usage(UID_A), pod_usage(UID_B)], monotonic=time.monotonic(), memory_used=8 << 30)
         result = plan(k8s.enrich(snap), state, rules)
         evicted += [a.workload.name for a in result.actions if isinstance(a, Evict)]
-        state = executor.carry_out(result, state, snap).state
+        state = after_pass(result, state, executor.carry_out(result, state, snap).outcome).state
         await asyncio.gather(*tasks)
         tasks.clear()
     assert evicted[:2] == ["jobs/batch-a", "jobs/batch-b"]
