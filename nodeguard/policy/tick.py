@@ -21,7 +21,7 @@ from nodeguard.policy.ranking import Ranked, ordering
 from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.stall import ProtectedStalls, covers, is_protected
 from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, Key, PendingEviction
-from nodeguard.policy.waterlines import Waterline, resolve_waterlines
+from nodeguard.policy.waterlines import Waterline, waterlines_for
 
 # A gap under one millicore (Kubernetes' smallest CPU unit) is closed: quotas
 # are whole microseconds, and rounding must not touch one more workload.
@@ -72,7 +72,7 @@ class Tick:
         self.state = state
         self.guard = guard
         self.workloads = snapshot.workloads
-        self.lines = resolve_waterlines(guard.objectives, self.node)
+        self.lines = waterlines_for(guard.objectives, self.node)
         self.stall_line = self.lines.get((Metric.PROTECTED_CPU_STALL, "throttle"))
         self.protect = self.stall_line.protect if self.stall_line is not None else ()
         self.stalls = ProtectedStalls(self.workloads, self.protect)

@@ -10,8 +10,9 @@ objective's restoreBelow is below its own threshold.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
 
 from nodeguard.model.snapshot import NodeUsage
@@ -78,4 +79,19 @@ def resolve_waterlines(objectives: Sequence[Objective], node: NodeUsage) -> dict
             objective=winner.objective,
             protect=tuple(dict.fromkeys(held.protect + line.protect)),
         )
+    return lines
+
+
+Lines = Mapping[tuple[Metric, ActionKind], Waterline]
+_last: list[tuple[Sequence[Objective], tuple[float, ...], Lines]] = []  # the last one resolved
+
+
+def waterlines_for(objectives: Sequence[Objective], node: NodeUsage) -> Lines:
+    """``resolve_waterlines``, resolved again only when the objectives (a reload) or the node's capacities change:
+    a calm tick then costs no waterline at all. The mapping is shared: read-only."""
+    capacities = tuple(CAPABILITIES[o.metric].capacity(node) for o in objectives)
+    if _last and _last[0][0] is objectives and _last[0][1] == capacities:
+        return _last[0][2]
+    lines = MappingProxyType(resolve_waterlines(objectives, node))
+    _last[:] = [(objectives, capacities, lines)]
     return lines

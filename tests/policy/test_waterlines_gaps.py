@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from nodeguard.policy.gaps import compute_gaps
 from nodeguard.policy.metrics import CAPABILITIES, Metric
-from nodeguard.policy.waterlines import resolve_waterlines
+from nodeguard.policy.waterlines import resolve_waterlines, waterlines_for
 from tests.policy.builders import GiB, cpu_throttle, guard, node
 
 CPU = Metric.CPU_TOTAL_USAGE
@@ -28,6 +28,22 @@ def test_lowest_threshold_wins() -> None:
     assert (line.threshold, line.objective, line.trigger_after) == (6.0, "tight", 3)
     assert line.restore_below == 3.0
     assert line.restore_after == 4
+
+
+def test_waterlines_are_resolved_again_on_a_reload_or_a_resized_node_and_kept_otherwise() -> None:
+    """A calm tick reuses the last waterlines; new objectives (a reload) or a node whose capacity changed (a
+    percentage threshold on more memory) get their own."""
+    memory = {"metric": "memory_total_usage", "threshold": "50%", "action": "evict"}
+    settings = guard(cpu_throttle(6.0, 5.0), memory)
+    first = waterlines_for(settings.objectives, node(memory_total=16 * GiB))
+    assert waterlines_for(settings.objectives, node(memory_total=16 * GiB)) is first
+    resized = waterlines_for(settings.objectives, node(memory_total=32 * GiB))
+    assert resized[MEM, "evict"].threshold == 16 * GiB and first[MEM, "evict"].threshold == 8 * GiB
+    reloaded = waterlines_for(guard(cpu_throttle(4.0, 3.0), memory).objectives, node(memory_total=32 * GiB))
+    assert reloaded[CPU, "throttle"].threshold == 4.0
+    assert dict(reloaded) == resolve_waterlines(
+        guard(cpu_throttle(4.0, 3.0), memory).objectives, node(memory_total=32 * GiB)
+    )
 
 
 def test_throttle_and_evict_lines_are_separate() -> None:
