@@ -1,3 +1,3 @@
-from nodeguard.surfaces.cli import main
+from nodeguard.entry import main
 
 raise SystemExit(main())

@@ -28,6 +28,7 @@ from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.node_lock import hold_node
 from nodeguard.config import Document, Settings, load_document
 from nodeguard.coordination.service import CoordinationService
+from nodeguard.early_signals import EARLY, STOPS
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.service import GateService
 from nodeguard.kubernetes.client import KubeError
@@ -449,9 +450,16 @@ class Daemon:
         loop.set_exception_handler(log_loop_error)  # asyncio's own errors as structured log lines
         soft, hard = raise_open_file_limit()
         log.debug("open file limit", soft=soft, hard=hard)
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOPS:
             loop.add_signal_handler(signum, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
+        # What arrived before the loop could take the signals (nodeguard run installs EARLY first thing).
+        if EARLY.stop is not None:
+            log.info("stopping: a signal arrived while starting", signal=EARLY.stop.name)
+            self.stop()
+            log.info("nodeguard stopped")
+            return 0
+        self._reload_pending |= EARLY.reload
         http_server: Closable | None = None
         if self.settings.http.enabled and serve is not None:
             # Before anything is touched: a port in use stops the start cleanly.
