@@ -1,0 +1,181 @@
+"""A stop at any moment after exec leaves the node as it was; a reload while starting is never fatal.
+
+A real SIGKILLed daemon leaves its ledger holding the Burstable tier's weight
+and burners' quotas (test_lever_crash's node). Then, once per delay, that
+crashed state is put back exactly (the ledger's bytes, and each record's
+applied value written through its lever), a new ``nodeguard run`` starts on it
+and gets SIGTERM that many seconds after exec. Host cgroup v1, and marked
+``kernel`` cgroup v2 in the VM (fewer delays: its emulation is slow).
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodeguard.actuators import levers
+from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.actuators.ledger import Ledger
+from tests import realcgroups as rc
+from tests.daemon_proc import DaemonProcess
+from tests.integration.harness import SLOW, ShapedNode
+from tests.integration.test_lever_crash import crash_holding, held
+from tests.integration.test_protect_e2e import SLEEPER_SHARE, protect_config, protected_node
+
+HOST_DELAYS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
+VM_DELAYS = (0.0, 3.0, 12.0)  # seconds, not scaled: the VM's start-up is what they should fall in
+
+
+@pytest.fixture
+def any_node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
+    """v1 on the host and, marked ``kernel``, v2 in the VM."""
+    with protected_node(hierarchy) as shaped:
+        yield shaped
+
+
+@pytest.fixture
+def node() -> Iterator[ShapedNode]:
+    """Host v1 only (the kernel suite's time budget keeps the VM to the stop test)."""
+    with protected_node(rc.v1_cpu_hierarchy()) as shaped:
+        yield shaped
+
+
+def catches(pid: int, signum: signal.Signals) -> bool:
+    """Whether the process has a handler for ``signum`` now (/proc/PID/status SigCgt)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    raise AssertionError(f"no SigCgt for {pid}")
+
+
+def put_back_the_crash(node: ShapedNode, ledger: Path, crashed: bytes) -> None:
+    """The node as the SIGKILLed daemon left it: its ledger, and every record's value in the kernel."""
+    ledger.write_bytes(crashed)
+    built = levers.build(CgroupWriter(str(node.hierarchy.writable)), node.hierarchy.version)
+    for record in Ledger.load(str(ledger)):
+        lever = built[record.lever]
+        _, writes = lever.plan(record.group, record.applied, {})
+        lever.perform(writes)
+    assert node.changed(), "the crashed daemon's values are in place"
+
+
+def run_and_stop(
+    node: ShapedNode, ledger: Path, workdir: Path, delay: float, signum: signal.Signals
+) -> tuple[int, bool]:
+    """A daemon on the crashed ledger, sent ``signum`` ``delay`` s after exec: its exit code, and whether it
+    had taken the signal over when it was sent."""
+    workdir.mkdir()
+    daemon = DaemonProcess(protect_config(node, ledger), workdir).start()
+    assert daemon.proc is not None
+    try:
+        time.sleep(delay)
+        caught = catches(daemon.proc.pid, signum)
+        daemon.signal(signum)
+        return daemon.wait(timeout=30 * SLOW), caught
+    finally:
+        daemon.kill()
+
+
+def test_a_stop_at_any_moment_after_exec_restores_what_a_crashed_daemon_left(
+    any_node: ShapedNode, tmp_path: Path
+) -> None:
+    """SIGTERM at each delay from exec to well past the first tick: the daemon exits 0 with every weight and limit
+    back at its original and an empty ledger. The only exception allowed is a signal sent before the interpreter
+    ran nodeguard's first line (no handler yet, /proc says so): it dies of it, and the ledger is untouched for the
+    next start, which then restores everything."""
+    node = any_node
+    node.start(burners=6, important_share=SLEEPER_SHARE)
+    time.sleep(1.0)
+    ledger = crash_holding(node, tmp_path, quotas=True)
+    assert all(held(ledger).values())
+    node.stop_burners()
+    crashed = ledger.read_bytes()
+
+    delays = VM_DELAYS if node.hierarchy.version == "v2" else HOST_DELAYS
+    handled = []
+    for i, delay in enumerate(delays):
+        put_back_the_crash(node, ledger, crashed)
+        code, caught = run_and_stop(node, ledger, tmp_path / f"stop-{i}", delay, signal.SIGTERM)
+        if caught or code != -signal.SIGTERM:
+            assert code == 0, f"SIGTERM {delay} s after exec: exit {code}"
+            assert not node.changed(), f"SIGTERM {delay} s after exec left {sorted(node.changed())}"
+            assert not Ledger.load(str(ledger)), f"SIGTERM {delay} s after exec left the ledger holding"
+            handled.append(delay)
+        else:  # before nodeguard's first line: nothing of it ran
+            assert ledger.read_bytes() == crashed
+            code, caught = run_and_stop(node, ledger, tmp_path / f"again-{i}", delays[-1], signal.SIGTERM)
+            assert (code, caught) == (0, True) and not node.changed() and not Ledger.load(str(ledger))
+    assert handled[-len(delays) // 2 :] == list(delays[-len(delays) // 2 :]), f"handled only at {handled}"
+
+
+def test_a_reload_while_starting_is_applied_after_start_and_a_stop_then_restores(
+    node: ShapedNode, tmp_path: Path
+) -> None:
+    """SIGHUP at each early delay does not kill the daemon: it starts, ticks and takes the reload; a SIGTERM then
+    restores everything."""
+    node.start(burners=6, important_share=SLEEPER_SHARE)
+    time.sleep(1.0)
+    ledger = crash_holding(node, tmp_path, quotas=True)
+    node.stop_burners()
+    crashed = ledger.read_bytes()
+    for i, delay in enumerate((bare_interpreter_seconds(), 0.1, 0.3, 0.6)):
+        put_back_the_crash(node, ledger, crashed)
+        (tmp_path / f"hup-{i}").mkdir()
+        daemon = DaemonProcess(protect_config(node, ledger), tmp_path / f"hup-{i}").start()
+        assert daemon.proc is not None
+        try:
+            time.sleep(delay)
+            if not catches(daemon.proc.pid, signal.SIGHUP):
+                continue  # still inside the interpreter's own start: nothing of nodeguard to test yet
+            daemon.signal(signal.SIGHUP)
+            daemon.wait_for(functools.partial(logged, daemon, "tick"), 30 * SLOW, "a tick")
+            daemon.wait_for(functools.partial(logged, daemon, "reloading config"), 10 * SLOW, "the reload taken")
+            daemon.signal(signal.SIGTERM)
+            assert daemon.wait(timeout=30 * SLOW) == 0
+            assert not node.changed() and not Ledger.load(str(ledger))
+        finally:
+            daemon.kill()
+
+
+def logged(daemon: DaemonProcess, event: str) -> bool:
+    return any(e.get("event") == event for e in daemon.events())
+
+
+def bare_interpreter_seconds() -> float:
+    """How long this interpreter takes to start and exit doing nothing (the fastest of three)."""
+    took = []
+    for _ in range(3):
+        start = time.monotonic()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        took.append(time.monotonic() - start)
+    return min(took)
+
+
+def test_a_stop_at_any_moment_honours_on_exit_keep(node: ShapedNode, tmp_path: Path) -> None:
+    """With onExit: keep, a SIGTERM while starting keeps what the ledger holds (values and ledger as they were)
+    and exits 0."""
+    node.start(burners=6, important_share=SLEEPER_SHARE)
+    time.sleep(1.0)
+    ledger = crash_holding(node, tmp_path, quotas=False)
+    node.stop_burners()
+    before, changed = held(ledger), node.changed()
+    config = protect_config(node, ledger)
+    config["global"]["actuation"].update(onStart="adopt", onExit="keep")
+    (tmp_path / "keep").mkdir()
+    daemon = DaemonProcess(config, tmp_path / "keep").start()
+    assert daemon.proc is not None
+    try:
+        pid = daemon.proc.pid
+        daemon.wait_for(lambda: catches(pid, signal.SIGTERM), 10 * SLOW, "the handler taken over")
+        daemon.signal(signal.SIGTERM)
+        assert daemon.wait(timeout=30 * SLOW) == 0
+    finally:
+        daemon.kill()
+    assert node.changed() == changed and held(ledger) == before
