@@ -120,6 +120,7 @@ class DaemonView:
     gate: dict[str, Any]
     coordination: dict[str, Any]
     held: Mapping[str, int]  # groups held back, by lever (every registered lever)
+    failed_restores: int = 0  # of failed_actions: restores (quota raised or put back, weight put back) refused
 
 
 @dataclass
@@ -311,6 +312,7 @@ class Daemon:
             gate=self.gate.status(),
             coordination=self.coordination.status(),
             held=held_counts(self.ledger),
+            failed_restores=counters.failed_restores,
         )
 
     def ready(self) -> bool:

@@ -44,6 +44,7 @@ class ActionCounters:
     # (kind, metric, dry_run) -> count
     actions: dict[tuple[str, str, bool], int] = field(default_factory=dict)
     failed: int = 0
+    failed_restores: int = 0  # of ``failed``: quotas raised or put back, weights put back, that the kernel refused
     withheld: int = 0  # changes not written because the ledger could not be saved first
     moved_originals: int = 0  # values changed behind nodeguard and taken as the new original
 
@@ -190,6 +191,8 @@ class Executor:
 
     def _refused(self, action: QuotaAction | Reweigh, refusal: WriteRefused) -> None:
         self.counters.failed += 1
+        if isinstance(action, Restore) or (isinstance(action, Reweigh) and not action.lower):
+            self.counters.failed_restores += 1
         group = action.group if isinstance(action, Reweigh) else action.workload_id
         if self._errors.allow(f"{group}:{refusal.error}"):
             noun = "weight" if isinstance(action, Reweigh) else "quota"

@@ -215,6 +215,12 @@ class DaemonCollector(Collector):
             [],
             {(): daemon.failed_actions},
         )
+        yield _counter(
+            "nodeguard_restore_failures_total",
+            "Restores that failed (a quota raised or put back, a weight put back, refused by the kernel).",
+            [],
+            {(): daemon.failed_restores},
+        )
 
     def _daemon(self, daemon: DaemonView) -> Iterator[Metric]:
         yield _counter("nodeguard_ticks_total", "Ticks completed.", [], {(): daemon.ticks})
