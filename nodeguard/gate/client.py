@@ -13,7 +13,8 @@
 - ``gatectl status|ready|release|cancel``.
 
 While the daemon is unreachable, clients retry for ``--connect-timeout``
-seconds, then give up with exit 75, or go ahead with ``--if-unavailable admit``.
+seconds (and wait that long for its answer to a submit), then give up with
+exit 75, or go ahead with ``--if-unavailable admit``.
 This module is imported to build the command line: heavy imports stay inside the handlers.
 """
 
@@ -158,7 +159,9 @@ class LoadSession:
                 client = await self._connect()
                 if resubmit:
                     try:
-                        load: dict[str, Any] = (await client.request("submit", **self.fields))["load"]
+                        answer_within = max(self.patience, 1.0)  # a stopped or hung daemon is unavailable too
+                        submitted = await client.request("submit", answer_within=answer_within, **self.fields)
+                        load: dict[str, Any] = submitted["load"]
                     except GateError as exc:
                         # Our old connection's load may not have been failed yet; it will be at once.
                         if not (reconnected and exc.code == "name_in_use"):
@@ -386,7 +389,9 @@ def cmd_admit(args: argparse.Namespace) -> int:
     return _run(_admit(_socket(args), fields, args.connect_timeout, args.if_unavailable))
 
 
-async def _admit(socket_path: str, fields: dict[str, Any], patience: float, if_unavailable: str) -> int:
+async def _admit(
+    socket_path: str, fields: dict[str, Any], patience: float, if_unavailable: str, hook_state: Any = None
+) -> int:
     from nodeguard.gate.connection import GateError, GateUnavailable
 
     session = LoadSession(socket_path, fields, patience)
@@ -396,6 +401,13 @@ async def _admit(socket_path: str, fields: dict[str, Any], patience: float, if_u
         _say(f"gate refused {session.name}: {exc.message}")
         return EXIT_FAILED
     except GateUnavailable as exc:
+        if hook_state is not None:  # the runtime shows this line: name the container, say what to do
+            from nodeguard.gate.hook_errors import hook_unavailable
+
+            fail_open = if_unavailable == "admit"
+            line, code = hook_unavailable(hook_state, exc.cause, exc.path, exc.waited, fail_open=fail_open)
+            _say(line)
+            return code
         if if_unavailable == "fail":
             _say(f"gate unavailable ({exc}); {session.name} not admitted")
             return EXIT_UNAVAILABLE
@@ -419,12 +431,13 @@ def cmd_oci_hook(args: argparse.Namespace) -> int:
     from nodeguard.gate.oci import HookInputError, hook_action
 
     try:
-        action = hook_action(json.loads(sys.stdin.buffer.read(1 << 20)))
+        state = json.loads(sys.stdin.buffer.read(1 << 20))
+        action = hook_action(state)
     except (ValueError, HookInputError) as exc:
         _say(f"oci-hook: {exc}")
         return EXIT_FAILED
     if action.kind == "admit":
-        return _run(_admit(_socket(args), action.submit, args.connect_timeout, args.if_unavailable))
+        return _run(_admit(_socket(args), action.submit, args.connect_timeout, args.if_unavailable, state))
     if action.kind == "release":
         return _run(_control(_socket(args), "release", action.name, quiet_unknown=True))
     return EXIT_OK
