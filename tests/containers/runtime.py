@@ -385,13 +385,16 @@ def install_hook(hooks_dir: Path, socket: Path, extra_args: Sequence[str] = (), 
 
     Only the command's path and the socket change (plus ``extra_args`` and the
     timeout where a test says so); the stages and the annotation it matches are
-    the shipped ones.
+    the shipped ones. The hook's environment (the runtime gives it none but
+    this) puts this checkout first on PYTHONPATH: the virtualenv's command may
+    belong to another worktree of the repository.
     """
     hook = json.loads(SHIPPED_HOOK.read_text())
     args = list(hook["hook"]["args"])
     args[args.index("--socket") + 1] = str(socket)
     hook["hook"]["path"] = str(NODEGUARD)
     hook["hook"]["args"] = [*args, *extra_args]
+    hook["hook"]["env"] = [f"PYTHONPATH={REPO}"]
     if timeout is not None:
         hook["hook"]["timeout"] = timeout
     hooks_dir.mkdir(parents=True, exist_ok=True)

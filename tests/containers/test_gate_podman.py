@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -238,6 +239,60 @@ def test_with_the_daemon_down_the_runtime_refuses_or_starts_ungated(
             assert proc.returncode == 0, err
             wait_until(lambda: "start" in gated.record_of("web"), 10, "the ungated container's start record")
         assert elapsed < 20, elapsed  # the connect timeout (2 s), not the hook's (900 s)
+
+
+@pytest.mark.parametrize("kind", ["missing", "refused"])
+def test_with_the_daemon_down_podman_names_the_container_and_the_socket(
+    tmp_path: Path, podman: Podman, busybox_image: str, kind: str
+) -> None:
+    """No daemon (no socket, or one left behind): podman's error names the container and the socket, says the
+    daemon is not running and how to fail open, and is not podman's "command that was not found"."""
+    gate_socket = tmp_path / "run" / "gate.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if kind == "refused":  # bound and never listening: what a daemon that died leaves
+        gate_socket.parent.mkdir(parents=True)
+        stale.bind(str(gate_socket))
+    try:
+        with gated_runtime(tmp_path, podman, busybox_image, gate_socket, hook_args=["--connect-timeout", "2"]) as gated:
+            proc = gated.launch("web", delay=0)
+            out, err = proc.communicate(timeout=60)
+            print(f"podman run exited {proc.returncode}:\n{err}")
+            assert gated.record_of("web") == {}, "the container must not have run"
+    finally:
+        stale.close()
+    assert proc.returncode == 126, (proc.returncode, out, err)  # podman's status for a failed create, not 127
+    assert "command that was not found" not in err, err
+    assert "exit status 75" in err and f'nodeguard: container "{gated.container("web")}" (id ' in err, err
+    why = f"no gate socket at {gate_socket}" if kind == "missing" else f"the gate socket {gate_socket} refuses"
+    assert why in err and "the nodeguard daemon is not running" in err, err
+    assert '"systemctl status nodeguard"' in err and '"--if-unavailable", "admit"' in err, err
+
+
+def test_a_stopped_daemon_is_reported_as_not_answering_before_the_hooks_timeout(
+    tmp_path: Path, podman: Podman, busybox_image: str
+) -> None:
+    """A daemon that accepts but never answers (stopped): the hook gives up after --connect-timeout, and podman's
+    error names the container and says the daemon did not answer."""
+    with (
+        running(tmp_path, gate_config()) as gate,
+        gated_runtime(
+            tmp_path, podman, busybox_image, Path(gate.socket), hook_args=["--connect-timeout", "2"], hook_timeout=60
+        ) as gated,
+    ):
+        gate.daemon.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            proc = gated.launch("web", delay=0)
+            out, err = proc.communicate(timeout=60)
+            elapsed = time.monotonic() - started
+        finally:
+            gate.daemon.signal(signal.SIGCONT)
+        print(f"podman run exited {proc.returncode} after {elapsed:.1f} s:\n{err}")
+        assert gated.record_of("web") == {}, "the container must not have run"
+    assert proc.returncode == 126, (proc.returncode, out, err)
+    assert f'nodeguard: container "{gated.container("web")}" (id ' in err, err
+    assert f"accepted a connection on {gate.socket} but did not answer in 2 s" in err, err
+    assert elapsed < 30, elapsed  # the connect timeout (2 s), not the hook's (60 s)
 
 
 def test_a_hung_daemon_cannot_hold_the_runtime_past_the_hooks_timeout(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -232,6 +234,7 @@ def test_the_client_gives_up_on_a_daemon_that_accepts_and_never_answers(tmp_path
 
 
 def run_hook(socket_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``nodeguard oci-hook`` at createRuntime for a CRI-O container, as the runtime runs it."""
     state = {"ociVersion": "1.0.2", "id": CONTAINER_ID, "status": "creating", "bundle": "/nonexistent",
              "annotations": {"nodeguard.io/gate": "true", **CRIO_LABELS}}  # fmt: skip
     args = [sys.executable, "-m", "nodeguard", "oci-hook", "--socket", str(socket_path), "--connect-timeout", "0.3"]
@@ -263,3 +266,49 @@ def test_the_hook_says_a_hung_daemon_is_not_answering_and_fails_open_when_told(t
     assert "but did not answer in 1 s" in refused.stderr, refused.stderr
     assert admitted.returncode == 0, admitted.stderr
     assert "starts ungated (--if-unavailable admit)" in admitted.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connects as another uid")
+def test_the_client_tells_a_socket_that_keeps_its_user_out() -> None:
+    """A socket whose mode keeps the caller's uid out (EACCES) is ``denied`` at once, without retrying."""
+    public = Path(tempfile.mkdtemp(prefix="nodeguard-hook-"))
+    public.chmod(0o755)
+    path = public / "gate.sock"
+    served = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        served.bind(str(path))
+        served.listen(8)
+        path.chmod(0o600)
+        cause, path_seen = connect_as(4343, path).split(" ", 1)
+    finally:
+        served.close()
+        path.unlink(missing_ok=True)
+        public.rmdir()
+    assert (cause, path_seen) == (he.DENIED, str(path))
+
+
+def connect_as(uid: int, path: Path) -> str:
+    """The cause and path of GateUnavailable from a connect in a forked child running as ``uid``."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest machinery, just the client
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                asyncio.run(GateClient.connect(str(path), 30))
+                said = "connected -"
+            except GateUnavailable as exc:
+                said = f"{exc.cause} {exc.path}"
+            os.write(write_end, said.encode())
+        except BaseException as exc:  # report anything to the parent, never return into pytest
+            os.write(write_end, f"child-error {exc!r}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return data.decode()
