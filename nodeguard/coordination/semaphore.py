@@ -63,7 +63,7 @@ class ProtocolNode(Messages):
         return self._take()
 
     def withdraw(self, sem: str, load: str, now: float) -> Effects:
-        """A load stops waiting or gives its slot back."""
+        """A load stops waiting or gives its slot back (while leaving, a freed slot is handed on, I13)."""
         if load in self.waiting.get(sem, {}):
             del self.waiting[sem][load]
         elif load in self.held.get(sem, set()):
@@ -72,6 +72,8 @@ class ProtocolNode(Messages):
         else:
             return self._take()
         self.wants_status = True
+        if self.leaving:
+            self._drain_spare()
         self._settle(sem, now)
         return self._take()
 
@@ -171,8 +173,8 @@ class ProtocolNode(Messages):
         return self._take()
 
     def tick(self, now: float) -> Effects:
-        if not self.fenced and now >= self.lease_until:
-            self._fence(now, "lease")
+        if now >= self.lease_until and (not self.fenced or any(self.held.values())):
+            self._fence(now, "lease")  # also a draining node's slots kept for loads in flight (I4, I13)
         if self.phase is Phase.WAITING_HEIR and now >= self._asked_at + self.retry:
             self._ask_heir(now)
         if self.phase is Phase.ONLINE and self.state is not None:
@@ -192,11 +194,12 @@ class ProtocolNode(Messages):
     # --- leaving ----------------------------------------------------------------------
 
     def drain(self, now: float) -> Effects:
-        """Leaving (SIGTERM): admit nothing more, take the held slots back (the gate stops with the daemon) and hand
-        the whole allotment, and the mint, on at once (I12); the service waits for the acknowledgements."""
+        """Leaving (SIGTERM): admit nothing more and hand the free allotment, and the mint, on at once (I12). Slots
+        held by loads still starting stay in this node's allotment (I13): a restarted gate claims them again; if the
+        node does not come back, its heir adopts them after its will. The service waits for the acknowledgements."""
         st = self.state
         self.leaving = True
-        self._fence(now, "stopping")
+        self._stop_admitting("stopping")
         if st is not None:
             st.leaving = True
             st.seq += 1

@@ -64,6 +64,7 @@ class CoordinationService(ServiceStatus):
                 snapshot = self.node.snapshot()
                 if snapshot is not None:
                     self.store.save(snapshot)
+            self._write_lease(force=True)
         await asyncio.Event().wait()  # failed: the daemon's other tasks go on
 
     async def _drain(self) -> None:
@@ -120,6 +121,7 @@ class CoordinationService(ServiceStatus):
         if semaphore not in self.cluster.caps:
             raise CoordinationError(f"unknown cluster semaphore {semaphore!r}; configured: {sorted(self.cluster.caps)}")
         key = (semaphore, load_id)
+        self._claims.discard(key)
         if load_id in self.node.held[semaphore]:
             return
         if key in self._futures:
@@ -136,7 +138,17 @@ class CoordinationService(ServiceStatus):
         finally:
             self._futures.pop(key, None)
 
+    def claim(self, semaphore: str, load_id: str) -> None:
+        """A load that was starting before a restart asks for its slot again, before this node is online, so that it
+        is served from the node's allotment ahead of any new load and before free slots go back (I13); ``acquire``
+        then waits for it."""
+        if not self.enabled or self.failed is not None or semaphore not in self.cluster.caps:
+            return
+        self._claims.add((semaphore, load_id))
+        self._apply(self.node.request(semaphore, load_id, time.monotonic()))
+
     def release(self, semaphore: str, load_id: str) -> None:
         if not self.enabled or semaphore not in self.node.held:
             return
+        self._claims.discard((semaphore, load_id))
         self._apply(self.node.withdraw(semaphore, load_id, time.monotonic()))

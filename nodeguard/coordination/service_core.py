@@ -4,12 +4,15 @@ carried out: waiters admitted, revocations reported, the node's state persisted 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import math
 import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from nodeguard.atomic_file import write_atomic
 from nodeguard.coordination.mqtt_link import Incoming, LinkDown, MqttLink, WillSpec
 from nodeguard.coordination.records import Copy, Gone, Saved
 from nodeguard.coordination.semaphore import Cluster, Effects, ProtocolNode
@@ -54,6 +57,7 @@ class ServiceCore:
         self.counters: Counter[str] = Counter()
         self.failed: str | None = None
         self._futures: dict[tuple[str, str], asyncio.Future[None]] = {}
+        self._claims: set[tuple[str, str]] = set()  # restored loads' requests not yet awaited (service.claim)
         self._wake: asyncio.Event | None = None
         self._changed: asyncio.Event | None = None
         self._warn = RateLimiter(30.0)
@@ -80,6 +84,11 @@ class ServiceCore:
             tls=tls_context(settings.broker),
         )
         self._persisted: Saved | None = saved
+        # The lease of the previous process, on this boot's CLOCK_MONOTONIC: the restarted gate's loads that were
+        # starting keep their slots on it until they hold them again on a new connection (I14).
+        self._lease_path = settings.state_path().with_suffix(".lease")
+        self.previous_lease_until = self._read_lease()
+        self._lease_written = -math.inf
         self._reading: dict[str, Any] = {}
         self._sync_task: asyncio.Task[None] | None = None
         self._group: asyncio.TaskGroup | None = None
@@ -91,6 +100,32 @@ class ServiceCore:
         self._census_read_at = -math.inf
         self._census_reading = False
         self._subscribing = False
+
+    @property
+    def client_fence_seconds(self) -> float:
+        """How long a client may go on starting its load without this daemon: the lease less a heartbeat, so it
+        stops before the node's will can fire (the last renewal can be up to a heartbeat before it lost us, I14)."""
+        return max(0.0, self.settings.lease_seconds - self.settings.heartbeat)
+
+    def _read_lease(self) -> float:
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            doc = json.loads(self._lease_path.read_bytes())
+            if self.store.boot is not None and doc["boot"] == self.store.boot:
+                return float(doc["until"])
+        return -math.inf
+
+    def _write_lease(self, force: bool = False) -> None:
+        """Persist the lease, at most once a second: the value on disk lags the real one, never leads it."""
+        until = self.node.lease_until
+        if self.store.boot is None or until == -math.inf or not (force or until >= self._lease_written + 1.0):
+            return
+        self._lease_written = until
+        data = json.dumps({"boot": self.store.boot, "until": until}).encode()
+        try:
+            write_atomic(str(self._lease_path), data, durable=False)
+        except OSError as exc:
+            if self._warn.allow("lease"):
+                log.error("cannot persist the coordination lease", path=str(self._lease_path), error=str(exc))
 
     # --- the link's side (mqtt_link.Handler) ------------------------------------------
 
@@ -169,6 +204,8 @@ class ServiceCore:
         now = time.monotonic()
         for a in fx.admitted:
             future = self._futures.get((a.sem, a.load))
+            if (a.sem, a.load) in self._claims:
+                continue  # held for a restored load; its acquire finds it held
             if future is None or future.done():
                 self._apply(self.node.withdraw(a.sem, a.load, now))  # nobody waits for it any more
                 continue

@@ -55,6 +55,7 @@ class ServiceIO(ServiceCore):
             self._kick()
             return
         self._apply(self.node.lease_renewed(sent_at, conn, time.monotonic()))
+        self._write_lease()
 
     async def _io_loop(self) -> None:
         assert self._wake is not None

@@ -188,43 +188,96 @@ class LoadSession:
                 await self._drop()
                 resubmit, reconnected = False, True
 
-    async def follow(self, notified: Any) -> dict[str, Any] | None:
-        """Until the load is ready (or failed): report READY=1 (``notified`` is an asyncio.Event), or wait for the
-        probes; the load as it ended, None when the daemon could not say."""
+    async def follow(self, notified: Any, fence: float | None = None) -> dict[str, Any] | None:
+        """Until the load is ready (or failed), watched from submission: READY=1 (``notified``, an asyncio.Event) is
+        reported on the side while the wait goes on, so a failure (a revoked cluster slot) ends it whatever the
+        readiness. ``fence``: the seconds this load may go on starting without its daemon (it holds a cluster
+        slot, I14); past them it counts as failed. The load as it ended, None when the daemon could not say."""
+        import asyncio
+        import time
+
         from nodeguard.gate.connection import ConnectionLost, GateError, GateUnavailable
 
-        if notified is not None:
-            await notified.wait()
-        reattach = False
-        while True:
-            try:
-                client = await self._connect()
-                if reattach:  # after a daemon restart: this connection owns the load again
-                    await client.request("attach", name=self.name)
-                    reattach = False
-                if notified is not None:
-                    load = (await client.request("ready", name=self.name))["load"]
-                else:
+        notifier = asyncio.get_running_loop().create_task(self._report_ready(notified)) if notified else None
+        reattach, lost_at = False, None
+        try:
+            while True:
+                try:
+                    if reattach:  # after a daemon restart: this connection owns the load again
+                        left = None if fence is None or lost_at is None else fence - (time.monotonic() - lost_at)
+                        if left is not None and left <= 0:
+                            raise TimeoutError
+                        await asyncio.wait_for(self._reattach(), left)
+                        reattach, lost_at = False, None
+                    client = await self._connect()
                     load = (await client.request("wait", name=self.name, until="ready"))["load"]
-                _say(f"{self.name} is {load['state']}: {load['reason']}")
-                return dict(load)
-            except ConnectionLost:
-                await self._drop()
-                reattach = True
-            except (GateError, GateUnavailable) as exc:
-                _say(f"{self.name}: {exc}")
-                return None
+                    _say(f"{self.name} is {load['state']}: {load['reason']}")
+                    return dict(load)
+                except ConnectionLost:
+                    await self._drop()
+                    reattach = True
+                    lost_at = lost_at if lost_at is not None else time.monotonic()
+                except TimeoutError:
+                    await self._drop()
+                    why = f"the daemon was away longer than {fence:g}s: its cluster slot may be used elsewhere"
+                    _say(f"{self.name}: {why}")
+                    return {"state": "failed", "reason": why}
+                except (GateError, GateUnavailable) as exc:
+                    _say(f"{self.name}: {exc}")
+                    if fence is not None:  # the load (and its slot) is gone, or unknown: it must not go on
+                        return {"state": "failed", "reason": str(exc)}
+                    return None
+        finally:
+            if notifier is not None:
+                notifier.cancel()
+                await asyncio.gather(notifier, return_exceptions=True)
 
-    async def release(self) -> None:
+    async def _reattach(self) -> None:
+        client = await self._connect()
+        await client.request("attach", name=self.name)
+
+    async def _report_ready(self, notified: Any) -> None:
+        """READY=1 came: tell the daemon, on a connection of its own (the wait goes on on the load's)."""
         from nodeguard.gate.connection import ConnectionLost, GateClient, GateError, GateUnavailable
 
-        try:
-            # Best effort, and quick: the command has ended and its exit status is waiting.
-            client = self.client or await GateClient.connect(self.socket_path, min(2.0, self.patience))
-            self.client = client
-            await client.request("release", name=self.name)
-        except (ConnectionLost, GateError, GateUnavailable, OSError):
-            pass
+        await notified.wait()
+        while True:
+            try:
+                client = await GateClient.connect(self.socket_path, self.patience)
+            except GateUnavailable:
+                return  # the wait on the load's connection reports what became of it
+            try:
+                await client.request("ready", name=self.name)
+                return
+            except GateError:
+                return  # failed or released meanwhile: the wait says so
+            except ConnectionLost:
+                continue  # the daemon restarting: once it is back
+            finally:
+                await client.close()
+
+    async def release(self, patience: float | None = None) -> None:
+        """Give the load back, reconnecting if the daemon restarts meanwhile; a load already gone is released."""
+        import asyncio
+        import time
+
+        from nodeguard.gate.connection import ConnectionLost, GateClient, GateError, GateUnavailable
+
+        patience = self.patience if patience is None else min(patience, self.patience)
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                if self.client is None:
+                    self.client = await GateClient.connect(self.socket_path, max(0.0, deadline - time.monotonic()))
+                await self.client.request("release", name=self.name)
+                break
+            except ConnectionLost:
+                await self._drop()
+                if time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.05)
+            except (GateError, GateUnavailable, OSError):
+                break  # unknown_load: released already (or the daemon failed it)
         await self._drop()
 
 
@@ -302,7 +355,8 @@ async def _gate(args: argparse.Namespace, command: list[str]) -> int:
     forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
     for signum in forwarded:
         loop.add_signal_handler(signum, child.send_signal, signum)
-    follower = loop.create_task(session.follow(notified)) if gated and load["state"] != "ready" else None
+    fence = load.get("clusterFenceSeconds")
+    follower = loop.create_task(session.follow(notified, fence)) if gated and load["state"] != "ready" else None
     exited = loop.create_task(child.wait())
     if follower is not None:
         await asyncio.wait({follower, exited}, return_when=asyncio.FIRST_COMPLETED)
@@ -314,14 +368,18 @@ async def _gate(args: argparse.Namespace, command: list[str]) -> int:
     code = await exited
     for signum in forwarded:
         loop.remove_signal_handler(signum)
+    ready = load["state"] == "ready"
     if follower is not None:
         follower.cancel()
-        await asyncio.gather(follower, return_exceptions=True)
+        results = await asyncio.gather(follower, return_exceptions=True)
+        ready = isinstance(results[0], dict) and results[0]["state"] == "ready"
     if notify_sock is not None:
         loop.remove_reader(notify_sock.fileno())
         notify_sock.close()
     if gated:
-        await session.release()
+        # A load that never became ready holds its slots: its release must reach a restarting daemon; a ready one
+        # holds nothing (the daemon only forgets it), so the exit status is not kept waiting for it.
+        await session.release(None if not ready else 2.0)
     return code if code >= 0 else 128 - code
 
 

@@ -87,7 +87,7 @@ class Requests:
                 self._reply(conn, rid, self.table.ready(request.name, now))
             elif isinstance(request, Release):
                 released = self.table.release(request.name, now)
-                conn.send(ok(rid, load={**released.to_status(now), "state": "released"}))
+                conn.send(ok(rid, load={**self._view(released, now), "state": "released"}))
             elif isinstance(request, Cancel):
                 self._reply(conn, rid, self.table.cancel(request.name, now))
             else:
@@ -96,7 +96,7 @@ class Requests:
             if request.name is None:
                 conn.send(ok(rid, gate=self.status()))
             else:
-                conn.send(ok(rid, load=self.table.get(request.name).to_status(now)))
+                conn.send(ok(rid, load=self._view(self.table.get(request.name), now)))
         elif isinstance(request, Ping):
             conn.send(ok(rid))
 
@@ -115,8 +115,17 @@ class Requests:
             self.counters["forbidden"] += 1
             raise GateRefused("forbidden", f"load {load.name!r} belongs to uid {load.spec.uid}")
 
+    def _view(self, load: Load, now: float) -> dict[str, Any]:
+        """A load's status for its client; one holding a cluster slot also learns how long it may go on starting
+        without this daemon (the node's lease less a heartbeat: it must stop before the node's will can fire)."""
+        data = load.to_status(now)
+        coordination = self.coordination
+        if load.spec.semaphore is not None and coordination is not None and coordination.enabled:
+            data["clusterFenceSeconds"] = coordination.client_fence_seconds
+        return data
+
     def _reply(self, conn: Connection, rid: RequestId, load: Load) -> None:
-        message = ok(rid, load=load.to_status(time.monotonic()))
+        message = ok(rid, load=self._view(load, time.monotonic()))
         if load.state.admitted and load.admit_gen > self.state.durable:
             self.state.defer(load.admit_gen, conn, message)  # sent once the admission is on disk
         else:

@@ -47,7 +47,7 @@ from nodeguard.gate.server import (
     bind,
 )
 from nodeguard.gate.settings import GateSettings
-from nodeguard.gate.slots import ClusterSlots
+from nodeguard.gate.slots import ClusterSlots, slot_id
 from nodeguard.gate.statefile import StateFile
 from nodeguard.gate.states import ClusterSlot, Load, LoadState
 from nodeguard.gate.timers import Timers
@@ -56,6 +56,7 @@ from nodeguard.model.snapshot import NodeUsage
 from nodeguard.supervisor import supervise
 
 log = get_logger("nodeguard.gate")
+CLIENT_GRACE = 10.0  # seconds a restored load's client has to attach again (the lease, with coordination)
 
 
 class GateService:
@@ -95,6 +96,13 @@ class GateService:
         self._connections: set[Connection] = set()
         self._stopping = False
         self._state.restore(self._may_use)
+        # Loads restored as starting: their clients must come back, and their cluster slots be held again, in time.
+        self._restored = {load.name: load.seq for load in self.table.loads.values() if load.restored}
+        self._checks: list[asyncio.TimerHandle] = []
+        if coordination is not None:
+            for load in self.table.loads.values():
+                if load.cluster is ClusterSlot.WAITING and load.spec.semaphore is not None:
+                    coordination.claim(load.spec.semaphore, slot_id(load.name, load.seq))
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -141,6 +149,9 @@ class GateService:
             self._stopping = True
             self.serving = False
             self._group = None
+            for handle in self._checks:
+                handle.cancel()
+            self._checks.clear()
             self._timers.stop()
             self._slots.stop()
             connections = list(self._connections)
@@ -169,6 +180,44 @@ class GateService:
                 self._timers.watch(load, now, group)
             if load.cluster is ClusterSlot.WAITING:
                 self.wants_slot(load)
+        self._timers.after()
+        if self._restored:
+            loop = asyncio.get_running_loop()
+            coordination = self.coordination
+            enabled = coordination is not None and coordination.enabled
+            grace = coordination.settings.lease_seconds if coordination is not None and enabled else CLIENT_GRACE
+            self._checks.append(loop.call_later(grace, self._clients_back))
+            if coordination is not None and enabled:
+                lease_left = max(0.0, coordination.previous_lease_until - now)
+                self._checks.append(loop.call_later(lease_left, self._slots_back))
+
+    def _restored_loads(self) -> list[Load]:
+        found = (self.table.loads.get(name) for name in self._restored)
+        return [
+            load for load in found
+            if load is not None and load.seq == self._restored[load.name] and load.state is LoadState.STARTING
+        ]  # fmt: skip
+
+    def _clients_back(self) -> None:
+        """A restored load whose client did not attach again within the lease has no client: its command ended (or
+        was stopped, I14) while the daemon was away, so its slots go now rather than at its start timeout."""
+        now = time.monotonic()
+        for load in self._restored_loads():
+            if load.owner is None and not load.spec.detach:
+                self.table.cancel(load.name, now, "its client did not come back after the daemon restarted")
+                log.info("gate: restored load released: its client is gone", load=load.name)
+        self._restored.clear()
+        self._timers.after()
+
+    def _slots_back(self) -> None:
+        """A restored load ran on the previous process's lease; past it, without its cluster slot held again on a
+        new connection, another node may have it (the will, I4): the start fails, and its client stops it (I14)."""
+        now = time.monotonic()
+        for load in self._restored_loads():
+            if load.spec.semaphore is not None and load.cluster is not ClusterSlot.HELD:
+                reason = f"cluster slot of {load.spec.semaphore!r} not held again within the node's lease"
+                self.table.cancel(load.name, now, reason)
+                log.warning("gate: restored load failed: " + reason, load=load.name)
         self._timers.after()
 
     # --- the daemon's calls -------------------------------------------------------

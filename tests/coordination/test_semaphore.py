@@ -110,23 +110,55 @@ def test_a_node_joins_with_nothing_and_gets_slots_by_grants() -> None:
     assert census is not None and "z" in census.joined  # the bank record names the joined members
 
 
-def test_a_drained_node_hands_its_allotment_back_before_it_leaves() -> None:
-    """I12: SIGTERM hands every slot on (the held ones too, the gate stops) before the process leaves."""
+def test_a_drained_node_hands_its_free_allotment_on_and_keeps_the_slots_of_loads_in_flight() -> None:
+    """I12, I13: SIGTERM hands the free slots on at once; a slot held by a load still starting stays with the node
+    until the load ends (then it is handed on too), and after the node's will its heir adopts the rest."""
     sim = cluster3()
-    sim.request("c", "p")
-    sim.request("c", "p")
+    for _ in range(3):
+        sim.request("c", "p")
     sim.settle()
-    assert allot(sim, "c") == 2
+    assert allot(sim, "c") == 3
+    sim.release("c", "p", 0)
     sim.drain("c")
     sim.settle()
     node = sim.nodes["c"].node
-    assert node is not None and node.drained and allot(sim, "c") == 0 and held(sim)["c"] == 0
+    assert node is not None and node.drained and allot(sim, "c") == 2 and held(sim)["c"] == 2
+    sim.release("c", "p", 0)  # a load that ends while the node drains: its slot goes on
+    sim.settle()
+    assert allot(sim, "c") == 1 and slots(sim) == 3
     sim.depart("c")
-    assert slots(sim) == 3
+    assert slots(sim) == 2  # the third stays with the departed node until its will
     for name in "ab":
         for _ in range(3):
             sim.request(name, "p")
     sim.settle()
+    assert sum(held(sim).values()) == 2  # the slot of the load still in flight is not used elsewhere
+    sim.fire_will("c", wait=True)
+    heir_reads(sim)
+    assert sum(held(sim).values()) == 3 and slots(sim) == 3
+
+
+def test_a_node_drained_and_restarted_claims_its_loads_slots_before_anyone_else() -> None:
+    """I13: restarted after a drain (a rolling update), the node's restored loads get the slots they held back from
+    its own allotment, before the will could fire and before any other node's waiting load."""
+    sim = cluster3()
+    sim.request("c", "p")
+    sim.request("c", "p")
+    sim.settle()
+    sim.drain("c")
+    sim.settle()
+    sim.depart("c")
+    for name in "ab":
+        for _ in range(3):
+            sim.request(name, "p")
+    sim.settle()
+    assert sum(held(sim).values()) == 1
+    restarted = sim.nodes["c"]
+    restarted.node = ProtocolNode("c", restarted.cluster, restarted.saved, lease_seconds=LEASE)
+    claims = [sim.request("c", "p") for _ in range(2)]  # the restored gate asks before the node is online
+    sim.connect("c")
+    sim.settle()
+    assert held(sim)["c"] == 2 and set(restarted.held["p"]) == set(claims)
     assert sum(held(sim).values()) == 3
 
 

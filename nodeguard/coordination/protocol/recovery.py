@@ -122,6 +122,15 @@ class Recovery(Estates):
         self.wants_status = True
         self._note("admitting", lease_left=round(self.lease_until - now, 3))
 
+    def _stop_admitting(self, reason: str) -> None:
+        """Fenced without revoking: the slots held stay with their loads (a drain, I13)."""
+        if not self.fenced:
+            self.counters["fenced"] += 1
+        self.fenced = True
+        self.fenced_reason = reason
+        self.wants_status = True
+        self._note("fenced", reason=reason, revoked=0)
+
     def _fence(self, now: float, reason: str) -> None:
         revoked = 0
         for sem, held in self.held.items():
