@@ -221,7 +221,7 @@ class LoadSession:
                     await self._drop()
                     why = f"the daemon was away longer than {fence:g}s: its cluster slot may be used elsewhere"
                     _say(f"{self.name}: {why}")
-                    return {"state": "failed", "reason": why}
+                    return {"state": "failed", "reason": why, "fenced": True}
                 except (GateError, GateUnavailable) as exc:
                     _say(f"{self.name}: {exc}")
                     if fence is not None:  # the load (and its slot) is gone, or unknown: it must not go on
@@ -368,18 +368,19 @@ async def _gate(args: argparse.Namespace, command: list[str]) -> int:
     code = await exited
     for signum in forwarded:
         loop.remove_signal_handler(signum)
-    ready = load["state"] == "ready"
+    quick = load["state"] == "ready"
     if follower is not None:
         follower.cancel()
         results = await asyncio.gather(follower, return_exceptions=True)
-        ready = isinstance(results[0], dict) and results[0]["state"] == "ready"
+        quick = isinstance(results[0], dict) and (results[0]["state"] == "ready" or bool(results[0].get("fenced")))
     if notify_sock is not None:
         loop.remove_reader(notify_sock.fileno())
         notify_sock.close()
     if gated:
-        # A load that never became ready holds its slots: its release must reach a restarting daemon; a ready one
-        # holds nothing (the daemon only forgets it), so the exit status is not kept waiting for it.
-        await session.release(None if not ready else 2.0)
+        # A load that never became ready holds its slots: its release must reach a restarting daemon. A ready one
+        # holds nothing (the daemon only forgets it), and a fenced one is released by the restarted daemon when no
+        # client attaches (I14): the exit status is not kept waiting for them.
+        await session.release(None if not quick else 2.0)
     return code if code >= 0 else 128 - code
 
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -320,3 +321,50 @@ def _alive(pid: int) -> bool:
         return False
     state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{pid}/stat").exists() else "X"
     return state not in ("Z", "X")
+
+
+def test_a_command_that_ends_while_the_daemon_is_down_releases_its_slot_once_it_is_back(tmp_path: Path) -> None:
+    """`nodeguard gate` whose command ends while the daemon is down reconnects and releases: the restored load's
+    slot goes to the next load at once, not at its start timeout."""
+    closed = free_port()
+    gate = Gate(tmp_path, {"maxStarting": 1, "minRate": 0, "startTimeoutSeconds": 300}).start()
+    try:
+        marker = tmp_path / "started"
+        holder = gate.client(
+            "gate", "--name", "holder", "--ready-tcp", f"127.0.0.1:{closed}",
+            "--", "sh", "-c", f"touch {marker}; sleep 1.5",
+        )  # fmt: skip
+        wait_until(marker.exists, 20, "the holder's command to run")
+        gate.daemon.kill()
+        time.sleep(2.0)  # the command ends while nobody serves the gate
+        gate.daemon.start()
+        gate.daemon.wait_for(gate._answers, 20, "the restarted gate")
+        code, text = output(holder)
+        assert code == 0, text
+        wait_until(lambda: gate.load("holder") is None, 5, "the holder released")
+        code, text = output(gate.client("admit", "--name", "next", "--connect-timeout", "5"))
+        assert code == 0, text
+    finally:
+        gate.stop()
+
+
+def test_a_restored_load_whose_client_is_gone_is_released_within_the_grace(tmp_path: Path) -> None:
+    """A load restored after a restart whose client died meanwhile is released once the clients' grace is over
+    (10 s without coordination), long before its start timeout."""
+    closed = free_port()
+    gate = Gate(tmp_path, {"maxStarting": 1, "minRate": 0, "startTimeoutSeconds": 300}).start()
+    try:
+        orphan = gate.client("gate", "--name", "orphan", "--ready-tcp", f"127.0.0.1:{closed}", "--", "sleep", "60")
+        gate.wait_state("orphan", "starting")
+        gate.daemon.kill()
+        os.killpg(orphan.pid, signal.SIGKILL)
+        orphan.wait()
+        gate.daemon.start()
+        gate.daemon.wait_for(gate._answers, 20, "the restarted gate")
+        back = time.monotonic()
+        assert gate.wait_state("orphan", "starting").get("restored") is True
+        failed = gate.wait_state("orphan", "failed", timeout=20)
+        assert "client did not come back" in failed["reason"]
+        assert 9.0 <= time.monotonic() - back <= 15.0
+    finally:
+        gate.stop()
