@@ -6,10 +6,11 @@ also be *revoked* (the node lost the broker for longer than its lease): the
 ``on_revoke`` callback hears of it, and so it does when coordination fails.
 ``run()`` is one task of the daemon's TaskGroup; cancelling it drains the node
 (its free slots, and the mint if it is the bank, go to the bank or its heir
-first, within ``drainSeconds``), then takes every held slot back without
-telling ``on_revoke`` (the holders stop with the daemon, and a restarted gate
-asks for its starting loads' slots again) and leaves with the Last Will, so the
-heir adopts the held remainder unless it is back within the will delay.
+first, within ``drainSeconds``); the slots of loads still starting stay in its
+persisted allotment (I13): a restarted gate ``claim``s them back before the node
+is online, and the node leaves with its Last Will, so its heir adopts them unless
+it is back within the will delay. The lease is persisted beside the state: a
+restarted gate's loads run on it until their slots are held again (I14).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class CoordinationService(ServiceStatus):
             return
         started = time.monotonic()
         deadline = started + self.settings.drain_seconds
-        self.on_revoke = None  # stopping, not losing the broker: a restarted gate asks for its loads' slots again
+        self.on_revoke = None  # stopping, not losing the broker: the loads go on, a restarted gate claims their slots
         self._apply(self.node.drain(started))
         while True:
             while not self.node.drained and time.monotonic() < deadline and self.link.connected:

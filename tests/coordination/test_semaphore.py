@@ -523,3 +523,29 @@ def test_deliveries_per_admission_do_not_grow_with_the_cluster() -> None:
     (nothing per admission goes to every node), and few."""
     small, big = deliveries_per_admission(5), deliveries_per_admission(60)
     assert big <= small + 0.25 and small <= 7, (small, big)
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_a_bank_dead_while_its_heir_is_down_is_adopted_when_the_heir_returns(together: bool) -> None:
+    """I15: the bank dies while its heir is down (crashed first, or at the same moment); the heir, back after both
+    wills, adopts the bank's estate and the mint without the bank returning, and the cluster admits up to the cap."""
+    sim = Sim(["a", "b", "c", "d"], {"p": 4}, seeds=["a", "b", "c", "d"])
+    sim.settle()
+    assert bank(sim) == "a" and heir_of(sim, "a") == "b"
+    sim.crash("b")
+    if not together:
+        sim.advance(LEASE / 2)
+    sim.crash("a")
+    sim.fire_will("b", wait=True)
+    sim.fire_will("a", wait=True)
+    heir_reads(sim)
+    sim.departed.update({"a", "b"})  # nobody restarts them yet
+    sim.settle()
+    sim.departed.discard("b")  # the heir comes back; the bank stays dead
+    sim.settle()
+    assert bank(sim) == "b"
+    for name in "bcd":
+        for _ in range(2):
+            sim.request(name, "p")
+    sim.settle()
+    assert sum(held(sim).values()) == 4

@@ -35,8 +35,13 @@ class Estates(Admission):
         peer = self._peer(node)
         if peer.gone <= peer.gone_done or self.state is None:
             return
+        census = self.census
         stake = (
-            self.is_bank or self._heir_of(node) == self.name or any(g.to == node for g in self.state.grants.values())
+            self.is_bank
+            or self._heir_of(node) == self.name
+            or any(g.to == node for g in self.state.grants.values())
+            # A dead bank's heir may not know it is one (it was away, I15): every node reads the bank's ledger.
+            or (census is not None and census.bank == node)
         )
         if stake:
             # Read after the will grace, on a connection that lasted through it: a broker shutting down publishes
