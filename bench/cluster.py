@@ -1,6 +1,6 @@
 """Benchmark: nodeguard's cluster semaphore at 20 to 200 nodes on one broker, and a Velero-style best-effort count.
 
-``--nodes N`` nodes (default 20), each with its own MQTT connection, run as
+``--churn``: real daemons under churn instead (bench/churn.py). ``--nodes N`` nodes (default 20), each with its own MQTT connection, run as
 asyncio tasks in worker processes (5 to 20 nodes each: N interpreters would
 crowd two cores; one process for all measures Python's MQTT client, not the
 protocol); each node gets 10 simultaneous requests for a cap of 8, for three
@@ -548,6 +548,10 @@ def main() -> None:
     )
     parser.add_argument("--best-effort-max", type=int, default=20, help="run the best-effort count up to this size")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--churn", action="store_true", help="the churn benchmark on real daemons (bench/churn.py)")
+    parser.add_argument("--seconds", type=float, default=60.0, help="--churn: how long the churn goes on")
+    parser.add_argument("--cap", type=int, default=3, help="--churn: the cap at the start")
+    parser.add_argument("--per-node", type=int, default=2, help="--churn: clients each live node keeps outstanding")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--scheme", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -563,6 +567,11 @@ def main() -> None:
         return
     if not 2 <= args.nodes <= 1000:
         raise SystemExit("--nodes: between 2 and 1000")
+    if args.churn:
+        from bench.churn import run_churn
+
+        print(json.dumps(run_churn(args.nodes, args.seconds, args.seed, args.cap, args.per_node)))
+        return
     nodes = args.nodes
     workdir = Path(tempfile.mkdtemp(prefix="nodeguard-bench-", dir=args.state_dir))
     broker = None

@@ -122,7 +122,11 @@ class ServiceCore:
         self._lease_written = until
         data = json.dumps({"boot": self.store.boot, "until": until}).encode()
         try:
-            write_atomic(str(self._lease_path), data, durable=False)
+            try:
+                write_atomic(str(self._lease_path), data, durable=False)
+            except FileNotFoundError:
+                self._lease_path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(str(self._lease_path), data, durable=False)
         except OSError as exc:
             if self._warn.allow("lease"):
                 log.error("cannot persist the coordination lease", path=str(self._lease_path), error=str(exc))
