@@ -123,7 +123,7 @@ class Churn:
 
     def restart_after(self, name: str, seconds: float) -> None:
         def restart() -> None:
-            if not self.stopped.is_set():
+            if not self.nodes[name].up:
                 self.note(f"restart {name}")
                 self.nodes[name].start()
 
@@ -285,12 +285,12 @@ class Churn:
                 time.sleep(self.rng.uniform(2.0, 4.0))
                 self.churn_step(step)
                 step += 1
-            self.stopped.set()
-            for timer in self.timers:
-                timer.cancel()
+            self.stopped.set()  # no more loads; restarts already due still happen
             finish = time.monotonic() + 90
             while self._running() and time.monotonic() < finish:
                 time.sleep(0.2)
+            for timer in self.timers:
+                timer.join()
             for node in self.nodes.values():  # restart what is down, so that waiting clients can end
                 if not node.up:
                     node.start()
@@ -300,6 +300,8 @@ class Churn:
             return self.audit(started, ended) | {"churn_events": len(self.events), "steps": step}
         finally:
             self.stopped.set()
+            for timer in self.timers:
+                timer.cancel()
             with self.lock:
                 left = list(self.clients.values())
             for proc in left:
