@@ -237,24 +237,29 @@ class LoadSession:
         await client.request("attach", name=self.name)
 
     async def _report_ready(self, notified: Any) -> None:
-        """READY=1 came: tell the daemon, on a connection of its own (the wait goes on on the load's)."""
+        """READY=1 came: tell the daemon (the wait goes on beside it)."""
+        import asyncio
+
         from nodeguard.gate.connection import ConnectionLost, GateClient, GateError, GateUnavailable
 
         await notified.wait()
         while True:
+            own = self.client is None  # the load's connection carries it beside the wait, unless it is down
             try:
-                client = await GateClient.connect(self.socket_path, self.patience)
+                client = await GateClient.connect(self.socket_path, self.patience) if own else self.client
             except GateUnavailable:
                 return  # the wait on the load's connection reports what became of it
+            assert client is not None
             try:
                 await client.request("ready", name=self.name)
                 return
             except GateError:
                 return  # failed or released meanwhile: the wait says so
             except ConnectionLost:
-                continue  # the daemon restarting: once it is back
+                await asyncio.sleep(0.05)  # the daemon restarting: once it is back
             finally:
-                await client.close()
+                if own:
+                    await client.close()
 
     async def release(self, patience: float | None = None) -> None:
         """Give the load back, reconnecting if the daemon restarts meanwhile; a load already gone is released."""

@@ -365,6 +365,6 @@ def test_a_restored_load_whose_client_is_gone_is_released_within_the_grace(tmp_p
         assert gate.wait_state("orphan", "starting").get("restored") is True
         failed = gate.wait_state("orphan", "failed", timeout=20)
         assert "client did not come back" in failed["reason"]
-        assert 9.0 <= time.monotonic() - back <= 15.0
+        assert 6.0 <= time.monotonic() - back <= 20.0  # the grace is 10 s from serving again; the timeout is 300 s
     finally:
         gate.stop()
