@@ -549,3 +549,19 @@ def test_a_bank_dead_while_its_heir_is_down_is_adopted_when_the_heir_returns(tog
             sim.request(name, "p")
     sim.settle()
     assert sum(held(sim).values()) == 4
+
+
+def test_a_draining_node_revokes_the_slots_it_kept_when_its_lease_runs_out() -> None:
+    """I4, I13: the slots a drain keeps for loads in flight are still held on the lease: a draining node that loses
+    the broker revokes them once its lease runs out, before its will can fire."""
+    sim = cluster3()
+    sim.request("c", "p")
+    sim.settle()
+    sim.drain("c")
+    sim.settle()
+    assert held(sim)["c"] == 1
+    sim.disconnect("c")
+    sim.advance(LEASE / 2)
+    assert held(sim)["c"] == 1
+    sim.advance(LEASE)
+    assert held(sim)["c"] == 0
