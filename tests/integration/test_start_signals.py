@@ -1,7 +1,7 @@
 """A stop at any moment after exec leaves the node as it was; a reload while starting is never fatal.
 
 A real SIGKILLed daemon leaves its ledger holding the Burstable tier's weight
-and burners' quotas (test_lever_crash's node). Then, once per delay, that
+and a burner's quota (test_lever_crash's node). Then, once per delay, that
 crashed state is put back exactly (the ledger's bytes, and each record's
 applied value written through its lever), a new ``nodeguard run`` starts on it
 and gets SIGTERM that many seconds after exec. Host cgroup v1, and marked
@@ -22,6 +22,7 @@ import pytest
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
+from nodeguard.actuators.changes import Change, recorded
 from nodeguard.actuators.ledger import Ledger
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
@@ -53,6 +54,22 @@ def catches(pid: int, signum: signal.Signals) -> bool:
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     raise AssertionError(f"no SigCgt for {pid}")
+
+
+def crash_holding_both(node: ShapedNode, tmp_path: Path) -> Path:
+    """A real SIGKILLed daemon holding the tier's weight, and a burner's quota in its ledger beside it, as a
+    throttle of that daemon would have left it (written through the lever, recorded before the kernel file)."""
+    ledger = crash_holding(node, tmp_path, quotas=False)
+    pod = node.burners[0].pod
+    quota = levers.build(CgroupWriter(str(node.hierarchy.writable)), node.hierarchy.version)["cpu.max"]
+    found = Ledger.load(str(ledger))
+    current, writes = quota.plan(pod, "50000 100000", {})
+    change = Change("cpu.max", pod, "50000 100000", current, False, "throttle", "cpu_total_utilization")
+    found.record(recorded(found, quota, change, current, writes, pending=False))
+    found.save()
+    quota.perform(writes)
+    assert all(held(ledger).values())
+    return ledger
 
 
 def put_back_the_crash(node: ShapedNode, ledger: Path, crashed: bytes) -> None:
@@ -93,8 +110,7 @@ def test_a_stop_at_any_moment_after_exec_restores_what_a_crashed_daemon_left(
     node = any_node
     node.start(burners=6, important_share=SLEEPER_SHARE)
     time.sleep(1.0)
-    ledger = crash_holding(node, tmp_path, quotas=True)
-    assert all(held(ledger).values())
+    ledger = crash_holding_both(node, tmp_path)
     node.stop_burners()
     crashed = ledger.read_bytes()
 
@@ -122,7 +138,7 @@ def test_a_reload_while_starting_is_applied_after_start_and_a_stop_then_restores
     restores everything."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
     time.sleep(1.0)
-    ledger = crash_holding(node, tmp_path, quotas=True)
+    ledger = crash_holding_both(node, tmp_path)
     node.stop_burners()
     crashed = ledger.read_bytes()
     for i, delay in enumerate((bare_interpreter_seconds(), 0.1, 0.3, 0.6)):
