@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
@@ -27,13 +27,10 @@ from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.node_lock import hold_node
 from nodeguard.config import Document, Settings, load_document
-from nodeguard.coordination.service import CoordinationService
+from nodeguard.coordination.switch import coordination_service
 from nodeguard.early_signals import EARLY, STOPS
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.service import GateService
-from nodeguard.kubernetes.client import KubeError
-from nodeguard.kubernetes.integration import Kubernetes
-from nodeguard.kubernetes.nodes import merge_labels
 from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
@@ -44,6 +41,9 @@ from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
 from nodeguard.sd_notify import Notifier
 from nodeguard.sources.sensor import Sensor
+
+if TYPE_CHECKING:  # features that are off are not imported (the Kubernetes client's httpx, the MQTT client)
+    from nodeguard.kubernetes.integration import Kubernetes
 
 log = get_logger("nodeguard.daemon")
 
@@ -159,6 +159,8 @@ class Daemon:
         )
         self.kube: Kubernetes | None = None
         if self.settings.kubernetes.enabled:
+            from nodeguard.kubernetes.integration import Kubernetes
+
             self.kube = Kubernetes(self.settings.kubernetes, node or node_name(), dry_run=actuation.dry_run)
             # Even with evictVia cgroup: it refuses system-critical pods and pods without metadata.
             self.evictor = self.kube.evictor(self.evictor)
@@ -170,7 +172,7 @@ class Daemon:
         self.ledger = Ledger.load(actuation.ledger_path)
         self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn)
         self.holds = hold_times(self.settings)
-        self.coordination = CoordinationService(self.settings.coordination, node or node_name())
+        self.coordination = coordination_service(self.settings.coordination, node or node_name())
         self.gate = GateService(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
         )
@@ -437,6 +439,9 @@ class Daemon:
             self._reloading = False
 
     async def _refresh_node_labels(self, kube: Kubernetes) -> None:
+        from nodeguard.kubernetes.client import KubeError
+        from nodeguard.kubernetes.nodes import merge_labels
+
         try:
             api = await kube.node_labels()
         except (KubeError, ValueError) as exc:

@@ -11,11 +11,11 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
 from pydantic import Field, TypeAdapter, field_validator
 
 from nodeguard.config_base import Model
@@ -112,12 +112,31 @@ def describe(readiness: Readiness | None) -> str:
 
 async def probe_once(probe: Probe, uid: int, gid: int) -> tuple[bool, str]:
     """One probe: (success, what happened)."""
+    if isinstance(probe, HttpProbe):
+        return await _http_once(probe)
     try:
         if isinstance(probe, TcpProbe):
             return await asyncio.wait_for(_tcp(probe), probe.timeout_seconds)
-        if isinstance(probe, HttpProbe):
-            return await asyncio.wait_for(_http(probe), probe.timeout_seconds)
         return await _exec(probe, uid, gid)
+    except TimeoutError:
+        return False, f"timed out after {probe.timeout_seconds:g}s"
+    except OSError as exc:
+        return False, exc.strerror or str(exc)
+
+
+def _import_httpx() -> None:
+    import httpx  # noqa: F401
+
+
+async def _http_once(probe: HttpProbe) -> tuple[bool, str]:
+    # Only a daemon whose gate runs HTTP probes loads the HTTP client, the first time off the event loop
+    # (about 0.1 s of imports): ticks and the gate go on meanwhile.
+    if "httpx" not in sys.modules:
+        await asyncio.to_thread(_import_httpx)
+    import httpx
+
+    try:
+        return await asyncio.wait_for(_http(probe), probe.timeout_seconds)
     except (TimeoutError, httpx.TimeoutException):
         return False, f"timed out after {probe.timeout_seconds:g}s"
     except OSError as exc:
@@ -136,6 +155,8 @@ async def _tcp(probe: TcpProbe) -> tuple[bool, str]:
 
 
 async def _http(probe: HttpProbe) -> tuple[bool, str]:
+    import httpx
+
     # As kubelet's HTTP probes: no redirects followed (3xx is ready), a certificate is not verified, no proxy.
     async with httpx.AsyncClient(
         timeout=probe.timeout_seconds, verify=False, trust_env=False, headers={"User-Agent": "nodeguard-gate"}

@@ -9,9 +9,8 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodeguard.coordination.service import CoordinationService
 from nodeguard.gate.loads import GateRefused, LoadTable
 from nodeguard.gate.protocol import (
     Attach,
@@ -31,6 +30,9 @@ from nodeguard.gate.server import Connection, Peer
 from nodeguard.gate.statefile import StateFile
 from nodeguard.gate.states import WAIT_TARGETS, Load, LoadSpec
 
+if TYPE_CHECKING:
+    from nodeguard.coordination.switch import Coordination
+
 MAX_WAITS = 256  # waits one connection may have open at once
 
 _Waiter = tuple[Connection, RequestId, str]  # its connection, its request's id, its ``until``
@@ -42,7 +44,7 @@ class Requests:
         table: LoadTable,
         state: StateFile,
         counters: Counter[str],
-        coordination: CoordinationService | None,
+        coordination: Coordination | None,
         status: Callable[[], dict[str, Any]],
     ) -> None:
         self.table = table

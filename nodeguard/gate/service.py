@@ -28,9 +28,8 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodeguard.coordination.service import CoordinationService
 from nodeguard.gate import store
 from nodeguard.gate.loads import GateRefused, LoadTable
 from nodeguard.gate.policy import Limits, SignalWindow
@@ -55,13 +54,16 @@ from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.snapshot import NodeUsage
 from nodeguard.supervisor import supervise
 
+if TYPE_CHECKING:
+    from nodeguard.coordination.switch import Coordination
+
 log = get_logger("nodeguard.gate")
 CLIENT_GRACE = 10.0  # seconds a restored load's client has to attach again (the lease, with coordination)
 
 
 class GateService:
     def __init__(
-        self, settings: GateSettings, cpus: int, state_dir: str, coordination: CoordinationService | None = None
+        self, settings: GateSettings, cpus: int, state_dir: str, coordination: Coordination | None = None
     ) -> None:
         self.settings = settings
         self.coordination = coordination

@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from nodeguard.coordination.service import CoordinationService
 from nodeguard.coordination.settings import CoordinationError
 from nodeguard.gate.loads import LoadTable
 from nodeguard.gate.states import Load
+
+if TYPE_CHECKING:
+    from nodeguard.coordination.switch import Coordination
 
 
 def slot_id(name: str, seq: int) -> str:
@@ -18,7 +21,7 @@ def slot_id(name: str, seq: int) -> str:
 
 
 class ClusterSlots:
-    def __init__(self, coordination: CoordinationService | None, table: LoadTable, after: Callable[[], None]) -> None:
+    def __init__(self, coordination: Coordination | None, table: LoadTable, after: Callable[[], None]) -> None:
         self.coordination = coordination
         self.table = table
         self.after = after  # the table changed: re-arm the hold timer
