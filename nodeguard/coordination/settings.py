@@ -10,7 +10,7 @@ from typing import Annotated
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from nodeguard.config_base import Model
-from nodeguard.coordination.topics import valid_name
+from nodeguard.coordination.names import valid_name
 from nodeguard.errors import NodeguardError
 
 

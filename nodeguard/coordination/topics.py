@@ -25,10 +25,10 @@ message is counted and ignored by the caller.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
+from nodeguard.coordination.names import valid_name
 from nodeguard.coordination.records import (
     Census,
     Copy,
@@ -48,7 +48,6 @@ VERSION = 2
 ROOT = "nodeguard"
 MAX_PAYLOAD = 1 << 20
 MAX_ITEMS = 100_000
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
 KINDS = ("status", "ledger", "gone", "sync", "inbox", "member")
 
 
@@ -58,11 +57,6 @@ class Malformed(ValueError):
 
 class UnknownVersion(Malformed):
     """A payload of a protocol version this node does not speak."""
-
-
-def valid_name(name: str) -> bool:
-    """Node, cluster and semaphore names: one topic level, no wildcards."""
-    return bool(NAME.match(name))
 
 
 class Topics:

@@ -26,8 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import psutil
-
 from nodeguard.errors import NodeguardError
 from nodeguard.gate.protocol import MAX_LINE, encode, error
 from nodeguard.gate.settings import GateSettings
@@ -59,8 +57,15 @@ def peer_of(sock: socket.socket) -> Peer:
     return Peer(pid, uid, gid, process_name(pid))
 
 
+def load_psutil() -> None:
+    """Import psutil (process_name's), ahead of the first client: a daemon without a gate never loads it."""
+    import psutil  # noqa: F401
+
+
 def process_name(pid: int) -> str:
     """The peer's process name, for logs; "" when it cannot be told (gone, or no descriptor left to look)."""
+    import psutil
+
     try:
         return str(psutil.Process(pid).name())
     except (psutil.Error, OSError):

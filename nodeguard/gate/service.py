@@ -44,6 +44,7 @@ from nodeguard.gate.server import (
     apply_ownership,
     authorised,
     bind,
+    load_psutil,
 )
 from nodeguard.gate.settings import GateSettings
 from nodeguard.gate.slots import ClusterSlots, slot_id
@@ -125,6 +126,7 @@ class GateService:
         self._problem = problem
 
     async def _serve_once(self) -> None:
+        await asyncio.to_thread(load_psutil)  # off the event loop: ticks go on meanwhile
         try:
             listening = bind(self.settings)
         except (ValueError, OSError) as exc:  # a path the kernel refuses (NUL byte, too long) is a ValueError
