@@ -28,7 +28,10 @@ class Notifier:
             return False
         try:
             if self._socket is None:
-                self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                # Non-blocking: a receiver that stops reading (its queue full) must not stall the event loop.
+                self._socket = socket.socket(
+                    socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK
+                )
             self._socket.sendto("\n".join(lines).encode(), self.address)
         except OSError:
             return False  # systemd gone or socket full: never worth failing a tick for
