@@ -28,6 +28,9 @@ class CoordinationOff:
 
     enabled = False
     failed: str | None = None
+    # Read (by the gate) of an enabled service only; here for the type's sake.
+    previous_lease_until = 0.0
+    client_fence_seconds = 0.0
 
     def __init__(self, settings: CoordinationSettings) -> None:
         self.settings = settings
@@ -42,6 +45,9 @@ class CoordinationOff:
 
     async def acquire(self, semaphore: str, load_id: str) -> None:
         raise CoordinationError("coordination is disabled (coordination.enabled)")
+
+    def claim(self, semaphore: str, load_id: str) -> None:
+        return None
 
     def release(self, semaphore: str, load_id: str) -> None:
         return None
