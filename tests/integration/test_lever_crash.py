@@ -9,6 +9,7 @@ the QEMU VM.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -53,18 +54,20 @@ def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
     ledger = tmp_path / "run/ledger.json"
     guard: dict[str, Any] = {"weightHoldSeconds": 600}
     config = protect_config(node, ledger, **guard)
-    if quotas:  # a node waterline the burners exceed: their quotas go down beside the tier's weight
-        config["global"]["guard"]["objectives"].append({
-            "metric": "cpu_total_utilization", "action": "throttle", "threshold": "50%", "restoreBelow": "30%",
-            "triggerAfter": 1, "restoreAfter": 2,
-        })  # fmt: skip
     daemon = DaemonProcess(config, tmp_path).start()
     tier = f"{node.parent}/kubepods/burstable"
     try:
+        daemon.wait_for(lambda: tier in held(ledger)["cpu.weight"], 30 * SLOW, "the tier's weight held")
         if quotas:
+            # Then, reloaded, a node waterline the burners exceed: their quotas go down beside the tier's weight.
+            # (Given from the start, it throttled the burners before they could harm the pod: no weight came down.)
+            config["global"]["guard"]["objectives"].append({
+                "metric": "cpu_total_utilization", "action": "throttle", "threshold": "50%", "restoreBelow": "30%",
+                "triggerAfter": 1, "restoreAfter": 2,
+            })  # fmt: skip
+            daemon.config_path.write_text(json.dumps(config))
+            daemon.signal(signal.SIGHUP)
             daemon.wait_for(lambda: all(held(ledger).values()), 30 * SLOW, "a weight and a quota held")
-        else:  # killed as soon as the weight is down: before any quota streak could begin
-            daemon.wait_for(lambda: tier in held(ledger)["cpu.weight"], 30 * SLOW, "the tier's weight held")
     finally:
         daemon.kill()
     assert daemon.wait() == -signal.SIGKILL
