@@ -279,20 +279,26 @@ def test_a_stopped_daemon_is_reported_as_not_answering_before_the_hooks_timeout(
             tmp_path, podman, busybox_image, Path(gate.socket), hook_args=["--connect-timeout", "2"], hook_timeout=60
         ) as gated,
     ):
-        gate.daemon.signal(signal.SIGSTOP)
-        try:
-            started = time.monotonic()
-            proc = gated.launch("web", delay=0)
-            out, err = proc.communicate(timeout=60)
-            elapsed = time.monotonic() - started
-        finally:
-            gate.daemon.signal(signal.SIGCONT)
+        proc, out, err, elapsed = launch_with_the_daemon_stopped(gate, gated)
         print(f"podman run exited {proc.returncode} after {elapsed:.1f} s:\n{err}")
         assert gated.record_of("web") == {}, "the container must not have run"
     assert proc.returncode == 126, (proc.returncode, out, err)
     assert f'nodeguard: container "{gated.container("web")}" (id ' in err, err
     assert f"accepted a connection on {gate.socket} but did not answer in 2 s" in err, err
     assert elapsed < 30, elapsed  # the connect timeout (2 s), not the hook's (60 s)
+
+
+def launch_with_the_daemon_stopped(gate: Any, gated: Any) -> tuple[subprocess.Popen[str], str, str, float]:
+    """``podman run`` of "web" while the daemon is SIGSTOPped (it accepts, never answers): the process, its output
+    and how long it took."""
+    gate.daemon.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        proc = gated.launch("web", delay=0)
+        out, err = proc.communicate(timeout=60)
+        return proc, out, err, time.monotonic() - started
+    finally:
+        gate.daemon.signal(signal.SIGCONT)
 
 
 def test_a_hung_daemon_cannot_hold_the_runtime_past_the_hooks_timeout(
@@ -303,14 +309,7 @@ def test_a_hung_daemon_cannot_hold_the_runtime_past_the_hooks_timeout(
         running(tmp_path, gate_config()) as gate,
         gated_runtime(tmp_path, podman, busybox_image, Path(gate.socket), hook_timeout=3) as gated,
     ):
-        gate.daemon.signal(signal.SIGSTOP)
-        try:
-            started = time.monotonic()
-            proc = gated.launch("web", delay=0)
-            out, err = proc.communicate(timeout=60)
-            elapsed = time.monotonic() - started
-        finally:
-            gate.daemon.signal(signal.SIGCONT)
+        proc, out, err, elapsed = launch_with_the_daemon_stopped(gate, gated)
         assert proc.returncode != 0, out
         assert "timeout" in err, err
         assert 3 <= elapsed < 30, elapsed

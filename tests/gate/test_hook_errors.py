@@ -4,6 +4,7 @@ and the client errors it is built from (real unix sockets, no daemon)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -218,15 +220,22 @@ def test_the_client_tells_a_missing_socket_from_a_refusing_one(tmp_path: Path) -
     assert (refused.cause, refused.path) == (he.REFUSED, str(tmp_path / "stale.sock"))
 
 
-def test_the_client_gives_up_on_a_daemon_that_accepts_and_never_answers(tmp_path: Path) -> None:
-    """A listening socket that never answers a request is ``no_answer`` after answer_within seconds."""
+@contextlib.contextmanager
+def hung_socket(path: Path) -> Iterator[None]:
+    """A socket that accepts connections and never answers: a stopped or hung daemon."""
     hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    hung.bind(str(tmp_path / "hung.sock"))
+    hung.bind(str(path))
     hung.listen(8)
     try:
-        silent = connect(tmp_path / "hung.sock")
+        yield
     finally:
         hung.close()
+
+
+def test_the_client_gives_up_on_a_daemon_that_accepts_and_never_answers(tmp_path: Path) -> None:
+    """A listening socket that never answers a request is ``no_answer`` after answer_within seconds."""
+    with hung_socket(tmp_path / "hung.sock"):
+        silent = connect(tmp_path / "hung.sock")
     assert (silent.cause, silent.waited) == (he.NO_ANSWER, 0.3)
 
 
@@ -254,14 +263,9 @@ def test_the_hook_with_no_daemon_prints_one_line_naming_the_container_and_exits_
 
 def test_the_hook_says_a_hung_daemon_is_not_answering_and_fails_open_when_told(tmp_path: Path) -> None:
     """Against a socket that never answers the hook says so and exits 75; with --if-unavailable admit it exits 0."""
-    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    hung.bind(str(tmp_path / "hung.sock"))
-    hung.listen(8)
-    try:
+    with hung_socket(tmp_path / "hung.sock"):
         refused = run_hook(tmp_path / "hung.sock")
         admitted = run_hook(tmp_path / "hung.sock", "--if-unavailable", "admit")
-    finally:
-        hung.close()
     assert refused.returncode == 75, refused.stderr
     assert "but did not answer in 1 s" in refused.stderr, refused.stderr
     assert admitted.returncode == 0, admitted.stderr

@@ -21,9 +21,10 @@ import pytest
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import Change, recorded
 from nodeguard.actuators.ledger import Ledger
+from nodeguard.model.samples import CpuMax
 from tests import realcgroups as rc
+from tests.actuators.test_executor_real import executor_for, throttle_by_hand
 from tests.daemon_proc import DaemonProcess
 from tests.integration.harness import SLOW, ShapedNode
 from tests.integration.test_lever_crash import crash_holding, held
@@ -33,18 +34,23 @@ HOST_DELAYS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 3.0)
 
 
 @pytest.fixture
-def any_node() -> Iterator[ShapedNode]:
-    """Host v1. The v2 run in the VM (delays 0, 3 and 12 s) passed once but took the kernel suite past its time budget; it
-    waits for a faster start under emulation (issue 22); delays then in seconds, not scaled: the VM's start-up is what they should fall in."""
+def node() -> Iterator[ShapedNode]:
+    """Host v1. The v2 run in the VM (delays 0, 3 and 12 s) passed once but took the kernel suite past its time
+    budget; it waits for a faster start under emulation (issue 22), its delays in seconds, not scaled: the VM's
+    start-up is what they should fall in."""
     with protected_node(rc.v1_cpu_hierarchy()) as shaped:
         yield shaped
 
 
 @pytest.fixture
-def node() -> Iterator[ShapedNode]:
-    """Host v1 only (the kernel suite's time budget keeps the VM to the stop test)."""
-    with protected_node(rc.v1_cpu_hierarchy()) as shaped:
-        yield shaped
+def crashed(node: ShapedNode, tmp_path: Path) -> tuple[Path, bytes]:
+    """The ledger a SIGKILLed daemon left holding the tier's weight and a burner's quota, and its bytes; the
+    burners stopped since."""
+    node.start(burners=6, important_share=SLEEPER_SHARE)
+    time.sleep(1.0)
+    ledger = crash_holding_both(node, tmp_path)
+    node.stop_burners()
+    return ledger, ledger.read_bytes()
 
 
 def catches(pid: int, signum: signal.Signals) -> bool:
@@ -57,16 +63,13 @@ def catches(pid: int, signum: signal.Signals) -> bool:
 
 def crash_holding_both(node: ShapedNode, tmp_path: Path) -> Path:
     """A real SIGKILLed daemon holding the tier's weight, and a burner's quota in its ledger beside it, as a
-    throttle of that daemon would have left it (written through the lever, recorded before the kernel file)."""
+    throttle of that daemon would have left it (written through the lever, recorded in the ledger)."""
     ledger = crash_holding(node, tmp_path, quotas=False)
     pod = node.burners[0].pod
-    quota = levers.build(CgroupWriter(str(node.hierarchy.writable)), node.hierarchy.version)["cpu.max"]
     found = Ledger.load(str(ledger))
-    current, writes = quota.plan(pod, "50000 100000", {})
-    change = Change("cpu.max", pod, "50000 100000", current, False, "throttle", "cpu_total_utilization")
-    found.record(recorded(found, quota, change, current, writes, pending=False))
+    executor = executor_for(str(node.hierarchy.writable), node.hierarchy.version, found)
+    throttle_by_hand(executor, found, pod, node.originals[pod], CpuMax(50000))
     found.save()
-    quota.perform(writes)
     assert all(held(ledger).values())
     return ledger
 
@@ -100,23 +103,16 @@ def run_and_stop(
 
 
 def test_a_stop_at_any_moment_after_exec_restores_what_a_crashed_daemon_left(
-    any_node: ShapedNode, tmp_path: Path
+    node: ShapedNode, crashed: tuple[Path, bytes], tmp_path: Path
 ) -> None:
     """SIGTERM at each delay from exec to well past the first tick: the daemon exits 0 with every weight and limit
     back at its original and an empty ledger. The only exception allowed is a signal sent before the interpreter
     ran nodeguard's first line (no handler yet, /proc says so): it dies of it, and the ledger is untouched for the
     next start, which then restores everything."""
-    node = any_node
-    node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
-    ledger = crash_holding_both(node, tmp_path)
-    node.stop_burners()
-    crashed = ledger.read_bytes()
-
-    delays = HOST_DELAYS
+    ledger, crashed_bytes = crashed
     handled = []
-    for i, delay in enumerate(delays):
-        put_back_the_crash(node, ledger, crashed)
+    for i, delay in enumerate(HOST_DELAYS):
+        put_back_the_crash(node, ledger, crashed_bytes)
         code, caught = run_and_stop(node, ledger, tmp_path / f"stop-{i}", delay, signal.SIGTERM)
         if caught or code != -signal.SIGTERM:
             assert code == 0, f"SIGTERM {delay} s after exec: exit {code}"
@@ -124,24 +120,21 @@ def test_a_stop_at_any_moment_after_exec_restores_what_a_crashed_daemon_left(
             assert not Ledger.load(str(ledger)), f"SIGTERM {delay} s after exec left the ledger holding"
             handled.append(delay)
         else:  # before nodeguard's first line: nothing of it ran
-            assert ledger.read_bytes() == crashed
-            code, caught = run_and_stop(node, ledger, tmp_path / f"again-{i}", delays[-1], signal.SIGTERM)
+            assert ledger.read_bytes() == crashed_bytes
+            code, caught = run_and_stop(node, ledger, tmp_path / f"again-{i}", HOST_DELAYS[-1], signal.SIGTERM)
             assert (code, caught) == (0, True) and not node.changed() and not Ledger.load(str(ledger))
-    assert handled[-len(delays) // 2 :] == list(delays[-len(delays) // 2 :]), f"handled only at {handled}"
+    late = HOST_DELAYS[len(HOST_DELAYS) // 2 :]
+    assert handled[-len(late) :] == list(late), f"handled only at {handled}"
 
 
 def test_a_reload_while_starting_is_applied_after_start_and_a_stop_then_restores(
-    node: ShapedNode, tmp_path: Path
+    node: ShapedNode, crashed: tuple[Path, bytes], tmp_path: Path
 ) -> None:
     """SIGHUP at each early delay does not kill the daemon: it starts, ticks and takes the reload; a SIGTERM then
     restores everything."""
-    node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
-    ledger = crash_holding_both(node, tmp_path)
-    node.stop_burners()
-    crashed = ledger.read_bytes()
+    ledger, crashed_bytes = crashed
     for i, delay in enumerate((bare_interpreter_seconds(), 0.1, 0.3, 0.6)):
-        put_back_the_crash(node, ledger, crashed)
+        put_back_the_crash(node, ledger, crashed_bytes)
         (tmp_path / f"hup-{i}").mkdir()
         daemon = DaemonProcess(protect_config(node, ledger), tmp_path / f"hup-{i}").start()
         assert daemon.proc is not None
