@@ -15,28 +15,48 @@
 While the daemon is unreachable, clients retry for ``--connect-timeout``
 seconds (and wait that long for its answer to a submit), then give up with
 exit 75, or go ahead with ``--if-unavailable admit``.
-This module is imported to build the command line: heavy imports stay inside the handlers.
+This module is imported to build the command line: heavy imports stay inside the handlers. ``admit``,
+``oci-hook`` and ``gatectl`` use the blocking connection (``wire.py``): no event loop to import on a container
+create; ``gate``, which runs and watches a command, uses asyncio.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the OCI hook runs on every container create
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Generator
+    from typing import Any
+
     from nodeguard.gate.connection import GateClient
+    from nodeguard.gate.wire import BlockingGateClient
+
+    # One admission's steps, for a blocking or an asyncio connection to carry out: a request to make (op, fields),
+    # answered with its response or with the error it raised thrown in; a pause (seconds); None: drop the
+    # connection (the next request connects again).
+    Step = tuple[str, dict[str, Any]] | float | None
 
 EXIT_OK, EXIT_FAILED, EXIT_UNAVAILABLE = 0, 1, 75  # 75: EX_TEMPFAIL, try again later
 WAIT_STATES = ("starting", "ready", "failed")
 
 
 def add_gate_commands(commands: Any) -> None:
-    """Register the gate's client commands; each sets ``handler`` (args -> exit code)."""
-    gate = commands.add_parser(
-        "gate", help="run a command once the start gate admits it", description="Run COMMAND once admitted."
+    """Register the gate's client commands on the CLI's ``Commands``; each sets ``handler`` (args -> exit code)."""
+    commands.command(
+        "gate",
+        _gate_options,
+        help="run a command once the start gate admits it",
+        description="Run COMMAND once admitted.",
     )
+    commands.command(
+        "admit", _admit_options, help="wait for admission by the start gate (ExecStartPre=, init containers)"
+    )
+    commands.command("oci-hook", _hook_options, help="OCI createRuntime/poststop hook: gate a container start")
+    commands.command("gatectl", _gatectl_options, help="the start gate's loads: status, ready, release, cancel")
+
+
+def _gate_options(gate: argparse.ArgumentParser) -> None:
     _load_options(gate)
     gate.add_argument(
         "--keep-on-failure",
@@ -50,15 +70,18 @@ def add_gate_commands(commands: Any) -> None:
     gate.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command to run")
     gate.set_defaults(handler=cmd_gate)
 
-    admit = commands.add_parser("admit", help="wait for admission by the start gate (ExecStartPre=, init containers)")
+
+def _admit_options(admit: argparse.ArgumentParser) -> None:
     _load_options(admit)
     admit.set_defaults(handler=cmd_admit)
 
-    hook = commands.add_parser("oci-hook", help="OCI createRuntime/poststop hook: gate a container start")
+
+def _hook_options(hook: argparse.ArgumentParser) -> None:
     _common_options(hook)
     hook.set_defaults(handler=cmd_oci_hook)
 
-    ctl = commands.add_parser("gatectl", help="the start gate's loads: status, ready, release, cancel")
+
+def _gatectl_options(ctl: argparse.ArgumentParser) -> None:
     _common_options(ctl)
     ctl.add_argument("action", choices=["status", "ready", "release", "cancel"])
     ctl.add_argument("name", nargs="?", help="the load (required except for status)")
@@ -125,6 +148,88 @@ def _say(message: str) -> None:
     print(f"nodeguard: {message}", file=sys.stderr, flush=True)
 
 
+def admission(fields: dict[str, Any], patience: float) -> Generator[Step, Any, dict[str, Any]]:
+    """Submit and wait until admitted (or failed): the load's status. Reconnects (the daemon restarted) attach to the
+    load, which the daemon may have admitted before it went away, or submit it again."""
+    from nodeguard.gate.wire import ConnectionLost, GateError
+
+    name = fields["name"]
+    answer_within = max(patience, 1.0)  # a stopped or hung daemon is unavailable too
+    resubmit, reconnected = True, False
+    while True:
+        try:
+            if resubmit:
+                try:
+                    load: dict[str, Any] = (yield ("submit", {"answer_within": answer_within, **fields}))["load"]
+                except GateError as exc:
+                    # Our old connection's load may not have been failed yet; it will be at once.
+                    if not (reconnected and exc.code == "name_in_use"):
+                        raise
+                    reconnected = False
+                    yield 0.2
+                    continue
+            else:
+                # Back after a lost connection: the daemon may have admitted us before it went away.
+                try:
+                    load = (yield ("attach", {"name": name}))["load"]
+                except GateError as exc:
+                    if exc.code != "unknown_load":
+                        raise
+                    resubmit = True
+                    continue
+                if load["state"] == "failed":  # e.g. failed as "client disconnected": try again
+                    resubmit = True
+                    continue
+            if load["state"] in WAIT_STATES:
+                return load
+            return dict((yield ("wait", {"name": name, "until": "starting"}))["load"])
+        except ConnectionLost:
+            yield None
+            resubmit, reconnected = False, True
+
+
+class BlockingSession:
+    """``admission`` over the blocking connection (``admit``, ``oci-hook``)."""
+
+    def __init__(self, socket_path: str, fields: dict[str, Any], patience: float) -> None:
+        self.socket_path = socket_path
+        self.fields = fields
+        self.name: str = fields["name"]
+        self.patience = patience
+        self.client: BlockingGateClient | None = None
+
+    def admit(self) -> dict[str, Any]:
+        import time
+
+        from nodeguard.gate.wire import BlockingGateClient
+
+        steps = admission(self.fields, self.patience)
+        reply: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return dict(done.value)
+            reply, error = None, None
+            if step is None:
+                self._drop()
+            elif isinstance(step, float):
+                time.sleep(step)
+            else:
+                try:
+                    if self.client is None:
+                        self.client = BlockingGateClient.connect(self.socket_path, self.patience)
+                    reply = self.client.request(step[0], **step[1])
+                except Exception as exc:  # thrown into the steps: they decide, as if the request had raised there
+                    error = exc
+
+    def _drop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+
 class LoadSession:
     """One load seen through from submit to release, reconnecting if the daemon restarts meanwhile."""
 
@@ -148,45 +253,27 @@ class LoadSession:
             self.client = None
 
     async def admit(self) -> dict[str, Any]:
-        """Submit and wait until admitted (or failed): the load's status."""
+        """Submit and wait until admitted (or failed): the load's status (``admission`` over asyncio)."""
         import asyncio
 
-        from nodeguard.gate.connection import ConnectionLost, GateError
-
-        resubmit, reconnected = True, False
+        steps = admission(self.fields, self.patience)
+        reply: Any = None
+        error: Exception | None = None
         while True:
             try:
-                client = await self._connect()
-                if resubmit:
-                    try:
-                        answer_within = max(self.patience, 1.0)  # a stopped or hung daemon is unavailable too
-                        submitted = await client.request("submit", answer_within=answer_within, **self.fields)
-                        load: dict[str, Any] = submitted["load"]
-                    except GateError as exc:
-                        # Our old connection's load may not have been failed yet; it will be at once.
-                        if not (reconnected and exc.code == "name_in_use"):
-                            raise
-                        reconnected = False
-                        await asyncio.sleep(0.2)
-                        continue
-                else:
-                    # Back after a lost connection: the daemon may have admitted us before it went away.
-                    try:
-                        load = (await client.request("attach", name=self.name))["load"]
-                    except GateError as exc:
-                        if exc.code != "unknown_load":
-                            raise
-                        resubmit = True
-                        continue
-                    if load["state"] == "failed":  # e.g. failed as "client disconnected": try again
-                        resubmit = True
-                        continue
-                if load["state"] in WAIT_STATES:
-                    return load
-                return dict((await client.request("wait", name=self.name, until="starting"))["load"])
-            except ConnectionLost:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as done:
+                return dict(done.value)
+            reply, error = None, None
+            if step is None:
                 await self._drop()
-                resubmit, reconnected = False, True
+            elif isinstance(step, float):
+                await asyncio.sleep(step)
+            else:
+                try:
+                    reply = await (await self._connect()).request(step[0], **step[1])
+                except Exception as exc:  # thrown into the steps: they decide, as if the request had raised there
+                    error = exc
 
     async def follow(self, notified: Any, fence: float | None = None) -> dict[str, Any] | None:
         """Until the load is ready (or failed), watched from submission: READY=1 (``notified``, an asyncio.Event) is
@@ -287,7 +374,7 @@ class LoadSession:
 
 
 def _socket(args: argparse.Namespace) -> str:
-    from nodeguard.gate.connection import default_socket
+    from nodeguard.gate.wire import default_socket
 
     return str(args.socket or default_socket())
 
@@ -295,6 +382,9 @@ def _socket(args: argparse.Namespace) -> str:
 def _run(coro: Any) -> int:
     import asyncio
 
+    from nodeguard.log import route_records
+
+    route_records()  # asyncio's records, should it have any, go out like the daemon's
     return int(asyncio.run(coro))
 
 
@@ -393,6 +483,7 @@ async def stop_process_tree(pid: int, exited: Awaitable[int], grace: float) -> N
     """SIGTERM our child ``pid`` and every descendant it has now (psutil walks the tree), then SIGKILL what is
     left after ``grace`` seconds. ``exited`` is the child's own wait: its exit status stays asyncio's to reap."""
     import asyncio
+    import contextlib
     import time
 
     import psutil
@@ -450,17 +541,17 @@ def cmd_admit(args: argparse.Namespace) -> int:
     except HookInputError as exc:
         _say(str(exc))
         return EXIT_FAILED
-    return _run(_admit(_socket(args), fields, args.connect_timeout, args.if_unavailable))
+    return _admit(_socket(args), fields, args.connect_timeout, args.if_unavailable)
 
 
-async def _admit(
+def _admit(
     socket_path: str, fields: dict[str, Any], patience: float, if_unavailable: str, hook_state: Any = None
 ) -> int:
-    from nodeguard.gate.connection import GateError, GateUnavailable
+    from nodeguard.gate.wire import GateError, GateUnavailable
 
-    session = LoadSession(socket_path, fields, patience)
+    session = BlockingSession(socket_path, fields, patience)
     try:
-        load = await session.admit()
+        load = session.admit()
     except GateError as exc:
         _say(f"gate refused {session.name}: {exc.message}")
         return EXIT_FAILED
@@ -478,7 +569,7 @@ async def _admit(
         _say(f"gate unavailable ({exc}); {session.name} goes ahead ungated")
         return EXIT_OK
     finally:
-        await session._drop()
+        session._drop()
     if load["state"] == "failed":
         _say(f"{session.name} was not admitted: {load['reason']}")
         return EXIT_FAILED
@@ -501,9 +592,9 @@ def cmd_oci_hook(args: argparse.Namespace) -> int:
         _say(f"oci-hook: {exc}")
         return EXIT_FAILED
     if action.kind == "admit":
-        return _run(_admit(_socket(args), action.submit, args.connect_timeout, args.if_unavailable, state))
+        return _admit(_socket(args), action.submit, args.connect_timeout, args.if_unavailable, state)
     if action.kind == "release":
-        return _run(_control(_socket(args), "release", action.name, quiet_unknown=True))
+        return _control(_socket(args), "release", action.name, quiet_unknown=True)
     return EXIT_OK
 
 
@@ -514,23 +605,21 @@ def cmd_gatectl(args: argparse.Namespace) -> int:
     if args.action != "status" and not args.name:
         _say(f"gatectl {args.action}: which load? give its name")
         return EXIT_FAILED
-    return _run(_control(_socket(args), args.action, args.name, patience=args.connect_timeout))
+    return _control(_socket(args), args.action, args.name, patience=args.connect_timeout)
 
 
-async def _control(
-    socket_path: str, op: str, name: str | None, *, quiet_unknown: bool = False, patience: float = 5.0
-) -> int:
+def _control(socket_path: str, op: str, name: str | None, *, quiet_unknown: bool = False, patience: float = 5.0) -> int:
     import json
 
-    from nodeguard.gate.connection import ConnectionLost, GateClient, GateError, GateUnavailable
+    from nodeguard.gate.wire import BlockingGateClient, ConnectionLost, GateError, GateUnavailable
 
     try:
-        client = await GateClient.connect(socket_path, patience)
+        client = BlockingGateClient.connect(socket_path, patience)
     except GateUnavailable as exc:
         _say(f"gate unavailable: {exc}")
         return EXIT_UNAVAILABLE
     try:
-        response = await client.request(op, name=name)
+        response = client.request(op, name=name)
     except GateError as exc:
         if quiet_unknown and exc.code == "unknown_load":
             return EXIT_OK
@@ -540,7 +629,7 @@ async def _control(
         _say(str(exc))
         return EXIT_UNAVAILABLE
     finally:
-        await client.close()
+        client.close()
     if op == "status":
         print(json.dumps(response.get("gate", response.get("load")), indent=2))
     elif not quiet_unknown:

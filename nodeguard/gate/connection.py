@@ -1,4 +1,6 @@
-"""A client's connection to the gate socket: requests matched to responses by id, several in flight at once."""
+"""A client's asyncio connection to the gate socket: requests matched to responses by id, several in flight at once.
+
+The errors and the default socket live in ``wire.py`` (with the blocking connection); they are re-exported here."""
 
 from __future__ import annotations
 
@@ -6,46 +8,22 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 from typing import Any
 
-from nodeguard.errors import NodeguardError
+from nodeguard.gate.wire import (
+    DEFAULT_SOCKET,
+    LINE_LIMIT,
+    ConnectionLost,
+    GateError,
+    GateUnavailable,
+    checked,
+    default_socket,
+    encode_request,
+    no_answer,
+    unavailable,
+)
 
-DEFAULT_SOCKET = "/run/nodeguard/gate.sock"
-
-
-def default_socket() -> str:
-    return os.environ.get("NODEGUARD_GATE_SOCKET") or DEFAULT_SOCKET
-
-
-class ConnectionLost(NodeguardError):
-    """The daemon closed the connection (it stopped, or dropped us)."""
-
-
-class GateUnavailable(NodeguardError):
-    """Nobody serves the gate socket, or it may not be used.
-
-    ``cause`` says which (``nodeguard.gate.hook_errors`` words it for an operator):
-    ``missing`` (no socket at ``path``), ``refused`` (a socket nobody listens on),
-    ``no_answer`` (a connection the daemon never answered), ``denied`` (the
-    socket's mode or owner keeps this user out); ``waited``: seconds spent trying.
-    """
-
-    def __init__(self, message: str, *, path: str = "", cause: str = "", waited: float = 0.0) -> None:
-        super().__init__(message)
-        self.path = path
-        self.cause = cause
-        self.waited = waited
-
-
-class GateError(NodeguardError):
-    """The gate answered with an error."""
-
-    def __init__(self, code: str, message: str, details: list[str] | None = None) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
-        self.details = details or []
+__all__ = ["DEFAULT_SOCKET", "ConnectionLost", "GateClient", "GateError", "GateUnavailable", "default_socket"]
 
 
 class GateClient:
@@ -67,16 +45,13 @@ class GateClient:
         delay = 0.05
         while True:
             try:
-                reader, writer = await asyncio.open_unix_connection(path, limit=16 << 20)
+                reader, writer = await asyncio.open_unix_connection(path, limit=LINE_LIMIT)
                 return cls(reader, writer, path)
             except PermissionError as exc:  # not a daemon restarting: trying again would not help
                 raise GateUnavailable(f"{path}: {exc.strerror}", path=path, cause="denied") from None
             except (FileNotFoundError, ConnectionRefusedError) as exc:
                 if loop.time() + delay > deadline:
-                    cause = "missing" if isinstance(exc, FileNotFoundError) else "refused"
-                    raise GateUnavailable(
-                        f"{path}: {exc.strerror}", path=path, cause=cause, waited=loop.time() - started
-                    ) from None
+                    raise unavailable(path, exc, started) from None
             await asyncio.sleep(delay)
             delay = min(1.0, delay * 2)
 
@@ -88,23 +63,18 @@ class GateClient:
         request_id = next(self._ids)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
-        message = {"op": op, "id": request_id, **{k: v for k, v in fields.items() if v is not None}}
         try:
-            self._writer.write(json.dumps(message).encode() + b"\n")
+            self._writer.write(encode_request(request_id, op, fields))
             response = await asyncio.wait_for(self._answer(future), answer_within)
         except TimeoutError:
             if answer_within is None:  # the socket's own ETIMEDOUT
                 raise ConnectionLost("connection to the gate lost") from None
-            said = f"{self.path}: no answer in {answer_within:g} s"
-            raise GateUnavailable(said, path=self.path, cause="no_answer", waited=answer_within) from None
+            raise no_answer(self.path, answer_within) from None
         except (ConnectionError, OSError):
             raise ConnectionLost("connection to the gate lost") from None
         finally:
             self._waiting.pop(request_id, None)
-        if not response.get("ok"):
-            err = response.get("error") or {}
-            raise GateError(str(err.get("code", "error")), str(err.get("message", "")), err.get("details"))
-        return response
+        return checked(response)
 
     async def _answer(self, future: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
         await self._writer.drain()

@@ -15,8 +15,10 @@ in ``poststop`` (state ``stopped``) its load is released. Annotations:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the hook runs on every container create
+if TYPE_CHECKING:
+    from typing import Any
 
 PREFIX = "nodeguard.io/"
 
@@ -25,11 +27,15 @@ class HookInputError(ValueError):
     """OCI state or annotations the hook cannot use."""
 
 
-@dataclass(frozen=True)
 class HookAction:
-    kind: str  # "admit", "release" or "none"
-    name: str
-    submit: dict[str, Any]
+    """What the hook asks of the gate (a plain class: dataclasses would import inspect, on every container create)."""
+
+    __slots__ = ("kind", "name", "submit")
+
+    def __init__(self, kind: str, name: str, submit: dict[str, Any]) -> None:
+        self.kind = kind  # "admit", "release" or "none"
+        self.name = name
+        self.submit = submit
 
 
 def readiness_of(

@@ -3,60 +3,121 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
 
 from nodeguard import __version__
-from nodeguard.config import Document, Settings, json_schema, load_document
 from nodeguard.errors import ConfigError, ConfigUnreadable, NodeguardError
-from nodeguard.log import configure, get_logger, json_mode
-from nodeguard.node_identity import node_labels, node_name
-from nodeguard.sources.paths import LayoutError
-from nodeguard.sources.sensor import Sensor
-from nodeguard.surfaces.render import render_snapshot, snapshot_data
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see below)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from pathlib import Path
+    from typing import Any
+
+    from nodeguard.config import Settings
+
+# Only argparse at the top: each command imports what it runs, so `nodeguard oci-hook` (on every container
+# create) and `nodeguard admit` start about as fast as a bare interpreter (tests/test_imports.py, bench/startup.py).
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nodeguard", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"nodeguard {__version__}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _path(text: str) -> Path:
+    """``type=Path`` for argparse, importing pathlib only when a path is given."""
+    from pathlib import Path
 
-    def with_config(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--config", "-c", type=Path, help="per-node JSON config (default: built-in defaults)")
-        sub.add_argument("--node-name", help="this node's name (default: $NODE_NAME or the hostname)")
-        sub.add_argument(
-            "--node-label",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="a label of this node, for perNode rules (repeatable)",
-        )
+    return Path(text)
 
-    snap = commands.add_parser("snapshot", help="show node and per-workload usage now")
-    with_config(snap)
+
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` finds it ($COLUMNS, stdout's terminal, 80)."""
+    import os
+
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help, sized without importing shutil (and with it bz2 and lzma) to build every parser."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None):
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
+if TYPE_CHECKING:
+    _Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+else:
+    _Subcommands = argparse._SubParsersAction  # generic for type checkers only
+
+
+class Commands(_Subcommands):
+    """The subcommands, each with its options added only when it is the one run (or its help is shown): the
+    OCI hook does not build the parsers of a dozen commands it does not run."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.options: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+
+    def command(self, name: str, options: Callable[[argparse.ArgumentParser], None] | None, **kwargs: Any) -> None:
+        """A subcommand (``help``, ``description``: add_parser's) whose options ``options`` adds when needed."""
+        self.add_parser(name, formatter_class=_Formatter, **kwargs)
+        if options is not None:
+            self.options[name] = options
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        assert isinstance(values, list) and values
+        options = self.options.pop(values[0], None)
+        if options is not None:
+            options(self._name_parser_map[values[0]])
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _with_config(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--config", "-c", type=_path, help="per-node JSON config (default: built-in defaults)")
+    sub.add_argument("--node-name", help="this node's name (default: $NODE_NAME or the hostname)")
+    sub.add_argument(
+        "--node-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of this node, for perNode rules (repeatable)",
+    )
+
+
+def _snapshot_options(snap: argparse.ArgumentParser) -> None:
+    _with_config(snap)
     snap.add_argument("--json", action="store_true", help="one JSON object per snapshot")
     snap.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS until Ctrl-C")
     snap.add_argument("--interval", type=float, default=1.0, help="seconds between the two reads for rates")
 
-    check = commands.add_parser("check-config", help="validate a config file; exit 1 if invalid, 2 if unreadable")
-    check.add_argument("file", type=Path)
+
+def _check_options(check: argparse.ArgumentParser) -> None:
+    check.add_argument("file", type=_path)
     check.add_argument("--node-name", help="also show the settings merged for this node")
     check.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE")
 
-    commands.add_parser("schema", help="print the config's JSON Schema")
 
-    run = commands.add_parser("run", help="run the daemon (guard, and later gate and coordination)")
-    with_config(run)
+def _run_options(run: argparse.ArgumentParser) -> None:
+    _with_config(run)
     run.add_argument("--dry-run", action="store_true", help="log every write and eviction instead of making it")
 
-    plan = commands.add_parser("plan", help="show what the guard would do now, without acting")
-    with_config(plan)
+
+def _plan_options(plan: argparse.ArgumentParser) -> None:
+    _with_config(plan)
     plan.add_argument(
         "--what-if",
         action="append",
@@ -67,33 +128,61 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="the decision trace as one JSON line")
     plan.add_argument("--interval", type=float, default=1.0, help="seconds between the two reads for rates")
 
-    demo = commands.add_parser("demo", help="watch nodeguard throttle burners on this machine (about 30 s)")
+
+def _demo_options(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--seconds", type=float, default=30.0)
 
-    status = commands.add_parser("status", help="the running daemon's status (reads its /status endpoint)")
-    with_config(status)
+
+def _status_options(status: argparse.ArgumentParser) -> None:
+    _with_config(status)
     status.add_argument("--json", action="store_true", help="the raw /status JSON")
+
+
+def _restore_options(restore: argparse.ArgumentParser) -> None:
+    _with_config(restore)
+    restore.add_argument("--all", action="store_true", required=True, help="every entry of the ledger")
+    restore.add_argument("--ledger", help="ledger file (default: actuation.ledgerPath of the config)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nodeguard", description=__doc__, formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"nodeguard {__version__}")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", action=Commands)
+    assert isinstance(commands, Commands)
+    commands.command("snapshot", _snapshot_options, help="show node and per-workload usage now")
+    commands.command("check-config", _check_options, help="validate a config file; exit 1 if invalid, 2 if unreadable")
+    commands.command("schema", None, help="print the config's JSON Schema")
+    commands.command("run", _run_options, help="run the daemon (guard, and later gate and coordination)")
+    commands.command("plan", _plan_options, help="show what the guard would do now, without acting")
+    commands.command("demo", _demo_options, help="watch nodeguard throttle burners on this machine (about 30 s)")
+    commands.command("status", _status_options, help="the running daemon's status (reads its /status endpoint)")
 
     from nodeguard.gate.client import add_gate_commands
 
-    add_gate_commands(commands)  # gate, admit, oci-hook: each sets its own handler
-
-    restore = commands.add_parser(
-        "restore", help="restore quotas recorded in the ledger; works while the daemon is down"
+    add_gate_commands(commands)  # gate, admit, oci-hook, gatectl: each sets its own handler
+    commands.command(
+        "restore", _restore_options, help="restore quotas recorded in the ledger; works while the daemon is down"
     )
-    with_config(restore)
-    restore.add_argument("--all", action="store_true", required=True, help="every entry of the ledger")
-    restore.add_argument("--ledger", help="ledger file (default: actuation.ledgerPath of the config)")
     return parser
 
 
 def load_settings(args: argparse.Namespace) -> Settings:
+    from nodeguard.config import Document, load_document
+    from nodeguard.node_identity import node_labels
+
     document = load_document(args.config) if args.config else Document()
     labels = node_labels(args.node_name, args.node_label)
     return document.settings_for(labels, str(args.config or "defaults"))
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    import json
+    import time
+
+    from nodeguard.sources.sensor import Sensor
+    from nodeguard.surfaces.render import render_snapshot, snapshot_data
+
     sensor = Sensor(load_settings(args))
     try:
         sensor.sense()
@@ -114,6 +203,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    from nodeguard.config import load_document
+    from nodeguard.node_identity import node_labels, node_name
+
     document = load_document(args.file)
     labels = node_labels(args.node_name or node_name(), args.node_label)
     rules = document.matching_rules(labels)
@@ -129,11 +221,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     import asyncio
 
     from nodeguard.actuators.node_lock import NodeBusy
+    from nodeguard.config import Document, load_document
     from nodeguard.daemon import Daemon
-    from nodeguard.kubernetes.nodes import fetch_node_labels_sync, merge_labels
-    from nodeguard.surfaces.http import HttpServer
-    from nodeguard.surfaces.metrics import Metrics
-    from nodeguard.surfaces.status import status_of
+    from nodeguard.log import get_logger
+    from nodeguard.node_identity import node_labels, node_name
 
     document = load_document(args.config) if args.config else Document()
     name = args.node_name or node_name()
@@ -142,6 +233,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     labels = local
     kube = document.global_.kubernetes
     if kube.enabled and kube.node_labels_from_api:
+        from nodeguard.kubernetes.nodes import fetch_node_labels_sync, merge_labels
+
         # Before the daemon's event loop exists: these labels choose the perNode rules.
         api = fetch_node_labels_sync(kube, name)
         if api is None:
@@ -164,6 +257,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except NodeBusy as exc:
         get_logger("nodeguard").error("not starting: refusing to act beside another nodeguard", error=str(exc))
         return EXIT_INVALID
+    if not daemon.settings.http.enabled:  # nothing to serve: no HTTP server, no metrics (only at start, as HTTP)
+        return asyncio.run(daemon.run())
+    from nodeguard.surfaces.http import HttpServer
+    from nodeguard.surfaces.metrics import Metrics
+    from nodeguard.surfaces.status import status_of
+
     metrics = Metrics(daemon.view)
     daemon.on_tick.append(metrics.tick_duration.observe)
     daemon.gate.on_admission = metrics.gate_wait.observe
@@ -172,10 +271,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+    import time
+
     from nodeguard.policy.planner import plan
     from nodeguard.policy.state import GuardState
     from nodeguard.policy.trace import plan_to_data
     from nodeguard.policy.whatif import parse_overrides, what_if
+    from nodeguard.sources.sensor import Sensor
     from nodeguard.surfaces.render import render_plan
 
     overrides = parse_overrides(args.what_if)  # bad names fail before anything is read
@@ -224,6 +327,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import json
+
     from nodeguard.surfaces.status_view import fetch_status, show
 
     listen = load_settings(args).http.listen
@@ -236,12 +341,23 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _daemon_logs_json(args: argparse.Namespace) -> bool:
     """The daemon's fatal errors are log events in a JSON log, like everything else it says."""
+    from nodeguard.log import json_mode
+
     return args.command == "run" and json_mode()
 
 
+def _log_error(event: str, **fields: object) -> None:
+    from nodeguard.log import get_logger
+
+    get_logger("nodeguard").error(event, **fields)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from nodeguard.log import configure
+
     args = _parser().parse_args(argv)
-    configure(args.log_level)
+    # The gate's clients (and the OCI hook) print their own messages: logging is set up if something logs.
+    configure(args.log_level, lazy=getattr(args, "handler", None) is not None)
     try:
         if args.command == "snapshot":
             return cmd_snapshot(args)
@@ -263,23 +379,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "restore":
             return cmd_restore(args)
         if args.command == "schema":
+            import json
+
+            from nodeguard.config import json_schema
+
             print(json.dumps(json_schema(), indent=2))
             return EXIT_OK
     except ConfigError as exc:
         if _daemon_logs_json(args):
-            get_logger("nodeguard").error("config rejected; not starting", source=exc.source, problems=exc.problems)
+            _log_error("config rejected; not starting", source=exc.source, problems=exc.problems)
         else:
             print(exc.render(), file=sys.stderr)
         return EXIT_INVALID
     except ConfigUnreadable as exc:
         if _daemon_logs_json(args):
-            get_logger("nodeguard").error("config unreadable; not starting", error=str(exc))
+            _log_error("config unreadable; not starting", error=str(exc))
         else:
             print(exc, file=sys.stderr)
         return EXIT_UNREADABLE
-    except (NodeguardError, LayoutError, OSError) as exc:
+    except (NodeguardError, OSError) as exc:  # sources.paths.LayoutError is a NodeguardError
         if _daemon_logs_json(args):
-            get_logger("nodeguard").error("cannot start", error=str(exc))
+            _log_error("cannot start", error=str(exc))
         else:
             print(f"nodeguard: {exc}", file=sys.stderr)
         return EXIT_INVALID
