@@ -39,9 +39,10 @@ NEVER_IN_PLAIN_DAEMON = (
     "nodeguard.coordination.service",
 )
 
+# The console script's entry point (pyproject.toml), as the OCI hook and init containers run it.
 CLIENT = """
 import json, sys
-from nodeguard.surfaces.cli import main
+from nodeguard.entry import main
 code = main(json.loads(sys.argv[1]))
 print("MODULES " + json.dumps({"code": code, "modules": sorted(sys.modules)}))
 """
@@ -148,7 +149,7 @@ def test_gate_imports_no_config_planner_or_pydantic(tmp_path: Path) -> None:
 
 DAEMON = """
 import asyncio, json, sys
-from nodeguard.surfaces.cli import main
+from nodeguard.entry import main
 
 def stop_after_two_ticks(coro):
     from nodeguard.daemon import Daemon  # cmd_run has imported it by now
