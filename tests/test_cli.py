@@ -79,3 +79,28 @@ def test_snapshot_table_and_bad_config(tmp_path: Path) -> None:
     result = nodeguard("snapshot", "--config", str(broken))
     assert result.returncode == 1 and "global.sensing.cgroupRoot" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+COMMANDS = ["snapshot", "check-config", "schema", "run", "plan", "demo", "status", "gate", "admit", "oci-hook",
+            "gatectl", "restore"]  # fmt: skip
+
+
+def test_help_lists_every_command_and_each_command_has_its_options() -> None:
+    """--help lists every command (each command's parser is built only when it runs), each command's --help shows
+    its own options, and a wrong command or a missing option is refused with argparse's usual message and exit 2."""
+    from nodeguard.surfaces.cli import _parser
+
+    top = _parser().format_help()
+    for command in COMMANDS:
+        assert f"\n    {command} " in top, command
+    own = {"snapshot": "--watch", "check-config": "file", "run": "--dry-run", "plan": "--what-if", "demo": "--seconds",
+           "status": "--json", "gate": "--keep-on-failure", "admit": "--ready-http", "oci-hook": "--if-unavailable",
+           "gatectl": "{status,ready,release,cancel}", "restore": "--ledger", "schema": "usage: nodeguard schema"}  # fmt: skip
+    for command in COMMANDS:
+        result = nodeguard(command, "--help")
+        assert result.returncode == 0 and own[command] in result.stdout, (command, result.stdout, result.stderr)
+    wrong = nodeguard("bogus")
+    assert wrong.returncode == 2 and "invalid choice: 'bogus' (choose from 'snapshot'" in wrong.stderr
+    missing = nodeguard("admit")
+    assert missing.returncode == 2 and "the following arguments are required: --name" in missing.stderr
+    assert _parser().parse_args(["admit", "--name", "a", "--after", "b,c"]).after == ["b,c"]

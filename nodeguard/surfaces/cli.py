@@ -54,23 +54,24 @@ class _Formatter(argparse.HelpFormatter):
 
 if TYPE_CHECKING:
     _Subcommands = argparse._SubParsersAction[argparse.ArgumentParser]
+    Options = Callable[[argparse.ArgumentParser], None]  # adds a command's options to its parser
 else:
     _Subcommands = argparse._SubParsersAction  # generic for type checkers only
 
 
 class Commands(_Subcommands):
-    """The subcommands, each with its options added only when it is the one run (or its help is shown): the
-    OCI hook does not build the parsers of a dozen commands it does not run."""
+    """The subcommands, each listed in the help at once but its parser made, and its options added, only when it
+    is the one run (or its help is shown): the OCI hook does not build a dozen parsers it does not use."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.options: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+        self.pending: dict[str, tuple[Options | None, dict[str, Any]]] = {}
 
-    def command(self, name: str, options: Callable[[argparse.ArgumentParser], None] | None, **kwargs: Any) -> None:
-        """A subcommand (``help``, ``description``: add_parser's) whose options ``options`` adds when needed."""
-        self.add_parser(name, formatter_class=_Formatter, **kwargs)
-        if options is not None:
-            self.options[name] = options
+    def command(self, name: str, options: Options | None, *, help: str, **kwargs: Any) -> None:
+        """A subcommand; ``options`` adds its options, ``kwargs`` (``description``) go to its parser."""
+        self._choices_actions.append(self._ChoicesPseudoAction(name, (), help))  # as add_parser(help=...) does
+        self._name_parser_map[name] = None  # type: ignore[assignment]  # a valid choice; made in __call__
+        self.pending[name] = (options, kwargs)
 
     def __call__(
         self,
@@ -80,9 +81,12 @@ class Commands(_Subcommands):
         option_string: str | None = None,
     ) -> None:
         assert isinstance(values, list) and values
-        options = self.options.pop(values[0], None)
-        if options is not None:
-            options(self._name_parser_map[values[0]])
+        if values[0] in self.pending:
+            options, kwargs = self.pending.pop(values[0])
+            del self._name_parser_map[values[0]]
+            sub = self.add_parser(values[0], formatter_class=_Formatter, **kwargs)
+            if options is not None:
+                options(sub)
         super().__call__(parser, namespace, values, option_string)
 
 
