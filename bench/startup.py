@@ -78,6 +78,7 @@ from nodeguard.scratch_cgroups import plan_cgroups, remove_cgroup_dir  # noqa: E
 
 EXAMPLE = REPO / "packaging" / "examples" / "kubernetes.json"
 HZ = os.sysconf("SC_CLK_TCK")
+STOP_READING = b"BENCH-STOP"  # to the notify socket: its reader ends
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -161,23 +162,34 @@ class Daemon:
             # (given an empty list, the same shell and exec, for a like-for-like comparison).
             moves = "".join(f'echo $$ > "{d}/cgroup.procs" && ' for d in cgroup)
             cmd = ["/bin/sh", "-c", moves + 'exec "$@"', "sh", *cmd]
+        self.ticks: list[float] = []  # when each good tick was reported (READY=1, then WATCHDOG=1 each tick)
+        self.reported = threading.Condition()
         with self.log_path.open("wb") as log:
             self.started = time.perf_counter()
             self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
-        self.ticks = 0
+        # Read every notification as it comes: the daemon drops them when the queue is full, and the ticks count.
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                data = self.notify.recv(4096)
+                if data == STOP_READING:
+                    return
+                lines = data.split(b"\n")
+                now = time.perf_counter()
+                with self.reported:
+                    if b"READY=1" in lines or (self.ticks and b"WATCHDOG=1" in lines):
+                        self.ticks.append(now)
+                        self.reported.notify_all()
 
     def wait_ticks(self, ticks: int, timeout: float = 120.0) -> float:
-        """Milliseconds from exec until the daemon has reported ``ticks`` good ticks (READY=1, then WATCHDOG=1)."""
-        deadline = time.monotonic() + timeout
-        while self.ticks < ticks:
-            self.notify.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                lines = self.notify.recv(4096).split(b"\n")
-            except TimeoutError:
-                raise SystemExit(f"no tick {self.ticks + 1} in {timeout}s; log:\n{self.log_tail()}") from None
-            if b"READY=1" in lines or (self.ticks and b"WATCHDOG=1" in lines):
-                self.ticks += 1
-        return (time.perf_counter() - self.started) * 1000
+        """Milliseconds from exec until the daemon reported its ``ticks``-th good tick."""
+        with self.reported:
+            if not self.reported.wait_for(lambda: len(self.ticks) >= ticks, timeout):
+                raise SystemExit(f"no tick {len(self.ticks) + 1} in {timeout}s; log:\n{self.log_tail()}")
+            return (self.ticks[ticks - 1] - self.started) * 1000
 
     def cpu_ms(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -204,6 +216,9 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as waker:
+            waker.sendto(STOP_READING, self.notify.getsockname())
+        self.reader.join(5)
         self.notify.close()
 
 
