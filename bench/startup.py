@@ -8,7 +8,8 @@ medians are compared). Bytecode is compiled once beforehand into a cache of
 this run's own (``PYTHONPYCACHEPREFIX``; ``PYTHONDONTWRITEBYTECODE`` is
 dropped), as an installed package has it. The command is what pip's
 ``nodeguard`` console script runs (the entry point in pyproject.toml), as the
-OCI hook and init containers run it, on this tree.
+OCI hook and init containers run it, on this tree (its directory is the
+children's working directory and first on their PYTHONPATH).
 
 - ``cli_help_ms``: ``nodeguard --help``.
 - ``gate_client_ms``: ``nodeguard admit --name N`` against a running gate with a
@@ -115,7 +116,9 @@ class Run:
     def timed(self, cmd: list[str], stdin: bytes = b"", expect: int = 0) -> float:
         """Milliseconds from exec to exit."""
         started = time.perf_counter()
-        result = subprocess.run(cmd, input=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self.env)
+        result = subprocess.run(
+            cmd, input=stdin, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self.env, cwd=REPO
+        )
         took = (time.perf_counter() - started) * 1000
         if result.returncode != expect:
             raise SystemExit(f"{' '.join(cmd)} exited {result.returncode}: {result.stderr.decode()[-2000:]}")
@@ -166,7 +169,7 @@ class Daemon:
         self.reported = threading.Condition()
         with self.log_path.open("wb") as log:
             self.started = time.perf_counter()
-            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=REPO)
         # Read every notification as it comes: the daemon drops them when the queue is full, and the ticks count.
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -355,7 +358,7 @@ def bare_rss_mb(run: Run) -> float:
     values = []
     for _ in range(3):
         proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
-                                env=run.env)  # fmt: skip
+                                env=run.env, cwd=REPO)  # fmt: skip
         time.sleep(0.5)
         values.append(status_mb(proc.pid, "VmRSS"))
         assert proc.stdin is not None
