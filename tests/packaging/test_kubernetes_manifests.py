@@ -226,7 +226,9 @@ def test_probes_reach_the_http_port_of_the_config() -> None:
 
 
 def test_nodeguard_pod_is_never_its_own_candidate() -> None:
-    """The pod is Guaranteed QoS (requests equal limits) and the config never acts on Guaranteed pods."""
+    """The pod is Guaranteed QoS (requests equal limits) and the config never acts on Guaranteed pods; a Guaranteed
+    pod's cgroup is also outside the QoS tiers whose CPU weight the protect lever lowers (daemonset.yaml says why a
+    CPU request without a limit is not used)."""
     resources = daemonset_container()["resources"]
     for resource in ("cpu", "memory"):
         assert resources["requests"][resource] == resources["limits"][resource], resource
