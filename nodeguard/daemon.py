@@ -25,6 +25,7 @@ from nodeguard.actuators.changes import Done
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
+from nodeguard.actuators.levers.memory_high import MemoryHighLever
 from nodeguard.actuators.node_lock import hold_node
 from nodeguard.config import Document, Settings, load_document
 from nodeguard.coordination.switch import coordination_service
@@ -36,6 +37,7 @@ from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.node_identity import node_name
 from nodeguard.policy import outcome, planner
+from nodeguard.policy.metrics import CAPABILITIES, Resource
 from nodeguard.policy.outcome import HoldTimes
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
@@ -195,6 +197,7 @@ class Daemon:
 
     def start(self) -> None:
         """Reconcile the ledger (every lever's records) with the kernel before the first tick."""
+        self._say_memory_lever()
         if self.ledger.set_aside:
             log.error("ledger was corrupt; restoring only what can be proven", kept_as=self.ledger.set_aside)
         if self.ledger.rejected:
@@ -207,6 +210,22 @@ class Daemon:
         else:
             outcomes = self.executor.restore_everything()
             log.info("restored the ledger's records", **{k.value: len(v) for k, v in outcomes.items()})
+
+    def _say_memory_lever(self) -> None:
+        """On cgroup v1, one line at start: memory throttling needs cgroup v2 (the plan blocks those objectives)."""
+        if MemoryHighLever.name in self.levers:
+            return
+        wanted = [
+            o.name or f"objectives[{i}]"
+            for i, o in enumerate(self.settings.guard.objectives)
+            if o.action == "throttle" and CAPABILITIES[o.metric].resource is Resource.MEMORY
+        ]
+        say = log.warning if wanted else log.info
+        say(
+            "memory throttling needs cgroup v2 (memory.high); this node's cgroup "
+            f"{self.sensor.layout.version} has none, so memory is only acted on by evict objectives",
+            blocked_objectives=wanted,
+        )
 
     def stop(self) -> None:
         self.notifier.notify("STOPPING=1", "STATUS=restoring and stopping")
@@ -267,16 +286,20 @@ class Daemon:
         # A limit resized behind a throttle is the new original before anything is planned on it.
         state = outcome.fold_moves(self.state, self.executor.adopt_moves(snapshot))
         written: dict[str, CpuMax] = {}
+        memory: dict[str, int | None] = {}
         for attempt in range(1, MAX_PASSES + 1):
             plan = planner.plan(snapshot, state, self.settings.guard)
-            carried = self.executor.carry_out(plan, state, snapshot, done=written, final=attempt == MAX_PASSES)
+            carried = self.executor.carry_out(
+                plan, state, snapshot, done=written, final=attempt == MAX_PASSES, done_memory=memory
+            )
             after = outcome.after_pass(plan, state, carried.outcome, self.holds)
             written.update(after.written)
+            memory.update(after.memory_written)
             if not after.refused or attempt == MAX_PASSES:
                 break
             state = state.with_held_back(after.refused)
         reweighed = self.executor.reweigh(plan)
-        state = after.state.without_held_back(written)
+        state = after.state.without_held_back([*written, *memory])
         self.state = outcome.after_reweigh(plan, state, reweighed.unchanged, self.holds)
         self.changes = [*carried.done, *reweighed.done]
         return plan

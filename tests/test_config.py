@@ -61,9 +61,9 @@ def test_every_error_is_reported_at_once() -> None:
         ({**CPU_OBJECTIVE, "metric": "disk_magic"}, "metric", "Input should be"),
         ({**CPU_OBJECTIVE, "threshold": "180%"}, "threshold", "over 100"),
         (
-            {"metric": "memory_total_usage", "threshold": "8Gi", "restoreBelow": "4Gi", "action": "throttle"},
-            "action",
-            "cannot be throttled",
+            {"metric": "memory_total_utilization", "threshold": "90%", "action": "throttle"},
+            "restoreBelow",
+            "needs restoreBelow",
         ),
         (
             {"metric": "memory_total_usage", "threshold": "8Gi", "action": "evict", "restoreBelow": "4Gi"},
@@ -79,6 +79,29 @@ def test_objectives_that_cannot_work_are_rejected(objective: dict[str, Any], pat
     [problem] = errors_of({"global": {"guard": {"objectives": [objective]}}})
     assert problem.startswith(f"global.guard.objectives[0].{path}: "), problem
     assert fragment in problem
+
+
+@pytest.mark.parametrize(
+    ("memory", "path", "fragment"),
+    [
+        ({"minHigh": "10%"}, "minHigh", "not a percentage"),
+        ({"minHigh": "lots"}, "minHigh", "expected bytes"),
+        ({"minHigh": 4096}, "minHigh", "greater than or equal to 1048576"),
+        ({"stepPercent": 0}, "stepPercent", "greater than 0"),
+        ({"restoreStepPercent": 101}, "restoreStepPercent", "less than or equal to 100"),
+    ],
+)
+def test_bad_memory_settings_name_their_path_and_value(memory: dict[str, Any], path: str, fragment: str) -> None:
+    """Each bad guard.memory value is one error at its own key, saying what was expected."""
+    [problem] = errors_of({"global": {"guard": {"memory": memory}}})
+    assert problem.startswith(f"global.guard.memory.{path}: "), problem
+    assert fragment in problem
+
+
+def test_memory_settings_take_byte_quantities() -> None:
+    """guard.memory.minHigh accepts Kubernetes-style byte quantities."""
+    doc = parse_document({"global": {"guard": {"memory": {"minHigh": "128Mi"}}}})
+    assert doc.global_.guard.memory.min_high == 128 << 20
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from nodeguard.actuators.ledger import Held, Key, Ledger, LedgerUnsaved, LeverRecord, Ownership
 from nodeguard.actuators.levers.base import Lever, Write, WriteRefused, note_drift, refusal
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
-from nodeguard.policy.actions import Restore, Reweigh, Throttle
+from nodeguard.policy.actions import MemoryRestore, MemoryThrottle, Restore, Reweigh, Throttle
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,8 @@ class Change:
     reason: str  # the metric behind it
     # A value found in place of the one nodeguard holds is drift this write also fixes: noted as such.
     held: str | None = None
-    asked: Throttle | Restore | Reweigh | None = None  # the plan's action behind it (for logs and Events)
+    # The plan's action behind it (for logs and Events).
+    asked: Throttle | Restore | Reweigh | MemoryThrottle | MemoryRestore | None = None
 
     @property
     def key(self) -> Key:

@@ -21,12 +21,13 @@ from nodeguard.actuators.ledger import Key, Ledger, LedgerUnsaved, LeverRecord
 from nodeguard.actuators.levers.base import Lever, WriteRefused
 from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.actuators.levers.cpu_weight import WeightLever
+from nodeguard.actuators.levers.memory_high import MemoryHighLever, high_bytes, high_text
 from nodeguard.actuators.restore import Outcome, restore_all, restore_record
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import RateLimiter, get_logger
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
-from nodeguard.policy.actions import Evict, Restore, Reweigh, Throttle
+from nodeguard.policy.actions import Evict, MemoryAction, MemoryRestore, MemoryThrottle, Restore, Reweigh, Throttle
 from nodeguard.policy.outcome import Held, Moves, QuotaOutcome, Refusal, Unchanged
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
@@ -36,7 +37,7 @@ log = get_logger("nodeguard.executor")
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 QuotaAction = Throttle | Restore
-QUOTA, WEIGHT = QuotaLever.name, WeightLever.name
+QUOTA, WEIGHT, MEMORY = QuotaLever.name, WeightLever.name, MemoryHighLever.name
 
 
 @dataclass
@@ -62,6 +63,17 @@ class Carried:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryCarried:
+    """What one pass made of a plan's memory.high changes."""
+
+    unchanged: Unchanged = field(default_factory=Unchanged)
+    written: dict[str, int | None] = field(default_factory=dict)
+    released: frozenset[str] = frozenset()
+    refused_throttles: bool = False
+    done: list[Done] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
 class Reweighed:
     unchanged: Unchanged
     done: list[Done] = field(default_factory=list)
@@ -74,10 +86,15 @@ def _unchanged(results: Results) -> Unchanged:
 
 def _moves(moves: drift.Moves) -> Moves:
     originals = {group: parse_cpu_max(value) for (lever, group), value in moves.originals.items() if lever == QUOTA}
-    return Moves(originals, frozenset(moves.released))
+    memory = {group: high_bytes(value) for (lever, group), value in moves.originals.items() if lever == MEMORY}
+    return Moves(originals, frozenset(moves.released), memory)
 
 
 def _held(record: LeverRecord) -> Held:
+    if record.lever == MEMORY:
+        applied = high_bytes(record.applied)
+        values = None if applied is None else (high_bytes(record.original), applied)
+        return Held(MEMORY, record.group, record.reason, memory=values)
     if record.lever != QUOTA:
         return Held(record.lever, record.group, record.reason)
     return Held(QUOTA, record.group, record.reason, parse_cpu_max(record.original), parse_cpu_max(record.applied))
@@ -123,14 +140,17 @@ class Executor:
         *,
         done: Mapping[str, CpuMax] | None = None,
         final: bool = True,
+        done_memory: Mapping[str, int | None] | None = None,
     ) -> Carried:
         """Make the plan's quota changes (and, when ``final``, its evictions and the drift checks).
 
-        ``before`` is the state the plan started from; ``done`` the limits an
-        earlier pass of this tick wrote already. Unless ``final``, a pass
-        with refused throttles stops before evictions: the caller plans again.
+        ``before`` is the state the plan started from; ``done`` the limits (and
+        ``done_memory`` the memory.high values) an earlier pass of this tick
+        wrote already. Unless ``final``, a pass with refused throttles stops
+        before evictions: the caller plans again.
         """
         done = done or {}
+        memory = self._carry_memory(plan, before, done_memory or {})
         for workload_id in plan.departed:
             self._departed(workload_id)
         quota_actions = [a for a in plan.actions if isinstance(a, Throttle | Restore)]
@@ -144,29 +164,38 @@ class Executor:
         unchanged = _unchanged(results)
         released = frozenset(d.change.group for d in results.done if d.change.release)
         refused_throttles = any(isinstance(a, Throttle) and a.workload_id in unchanged.refused for a in real)
+        refused_throttles |= memory.refused_throttles
         if refused_throttles and not final:
-            return Carried(QuotaOutcome(unchanged, written, released), results.done)
+            outcome = QuotaOutcome(unchanged, written, released, memory=memory.unchanged,
+                                   memory_written=memory.written, memory_released=memory.released)  # fmt: skip
+            return Carried(outcome, [*results.done, *memory.done])
         for eviction in plan.actions:
             if isinstance(eviction, Evict):
                 self._evict(eviction)
-        moves = self._reassert(snapshot, skip={(QUOTA, w) for w in written})
+        skip = {(QUOTA, w) for w in written} | {(MEMORY, w) for w in memory.written}
+        moves = self._reassert(snapshot, skip=skip)
         failed, self._failed_evictions = frozenset(self._failed_evictions), set()
-        if real or plan.departed:
+        if real or plan.departed or memory.done:
             self._save("after writing")
-        return Carried(QuotaOutcome(unchanged, written, released, moves, failed), results.done)
+        outcome = QuotaOutcome(unchanged, written, released, moves, failed, memory=memory.unchanged,
+                               memory_written=memory.written, memory_released=memory.released)  # fmt: skip
+        return Carried(outcome, [*results.done, *memory.done])
 
     def _departed(self, workload_id: str) -> None:
-        """A throttled workload the snapshot no longer shows: forgotten where its group left, its original put back
+        """A held workload the snapshot no longer shows: forgotten where its group left, its originals put back
         where the group is still there (discovery no longer lists it, or its read failed this tick), so no quota
-        outlives nodeguard's record of it."""
-        record = self.ledger.get(QUOTA, workload_id)
-        if record is None:
-            return
-        outcome = restore_record(self.quota, record)
-        if outcome is not Outcome.FAILED:
-            self.ledger.forget(record.key)
-        if outcome in (Outcome.RESTORED, Outcome.CHANGED):
-            log.info("quota of a workload no longer seen put back", workload=workload_id, outcome=outcome.value)
+        or memory.high outlives nodeguard's record of it."""
+        for name in (QUOTA, MEMORY):
+            record = self.ledger.get(name, workload_id)
+            lever = self.levers.get(name)
+            if record is None or lever is None:
+                continue
+            outcome = restore_record(lever, record)
+            if outcome is not Outcome.FAILED:
+                self.ledger.forget(record.key)
+            if outcome in (Outcome.RESTORED, Outcome.CHANGED):
+                log.info(f"{lever.noun} of a workload no longer seen put back", workload=workload_id,
+                         outcome=outcome.value)  # fmt: skip
 
     def _quota_change(self, action: QuotaAction, before: GuardState, done: Mapping[str, CpuMax]) -> Change:
         held = before.throttles.get(action.workload_id)
@@ -189,13 +218,14 @@ class Executor:
             self._log(action, "", children=made.children)
         return written
 
-    def _refused(self, action: QuotaAction | Reweigh, refusal: WriteRefused) -> None:
+    def _refused(self, action: QuotaAction | Reweigh | MemoryAction, refusal: WriteRefused) -> None:
         self.counters.failed += 1
-        if isinstance(action, Restore) or (isinstance(action, Reweigh) and not action.lower):
+        if isinstance(action, Restore | MemoryRestore) or (isinstance(action, Reweigh) and not action.lower):
             self.counters.failed_restores += 1
         group = action.group if isinstance(action, Reweigh) else action.workload_id
         if self._errors.allow(f"{group}:{refusal.error}"):
-            noun = "weight" if isinstance(action, Reweigh) else "quota"
+            memory = isinstance(action, MemoryThrottle | MemoryRestore)
+            noun = "weight" if isinstance(action, Reweigh) else "memory.high" if memory else "quota"
             log.error(
                 f"{noun} write refused", workload=group, action=action.kind, file=refusal.file,
                 cgroup=refusal.path, error=refusal.error, detail=refusal.detail,
@@ -235,10 +265,62 @@ class Executor:
             fields.update(quota=action.quota.render_v2(), previous=action.previous.render_v2())
         log.info(f"{prefix} {action.kind}".strip(), **fields)
 
+    # --- memory.high (throttle objectives on memory metrics) --------------------------
+
+    def _carry_memory(self, plan: Plan, before: GuardState, done: Mapping[str, int | None]) -> MemoryCarried:
+        """Make the plan's memory.high changes (ledger first) in one batch of their own; what became of them."""
+        asked = [a for a in plan.actions if isinstance(a, MemoryThrottle | MemoryRestore)]
+        for action in asked:
+            if action.dry_run:
+                self._log_memory(action, "dry run: would")
+        real = [a for a in asked if not a.dry_run and not (a.workload_id in done and done[a.workload_id] == a.high)]
+        if not real or MEMORY not in self.levers:
+            return MemoryCarried()
+        changes = [self._memory_change(a, before, done) for a in real]
+        results = self.changer.apply(changes)
+        by_id = {a.workload_id: a for a in real}
+        for (_, group), refusal in results.refused.items():
+            self._refused(by_id[group], refusal)
+        self._withheld(results.withheld, results.unsaved)
+        written: dict[str, int | None] = {}
+        for made in results.done:
+            action = by_id[made.change.group]
+            written[made.change.group] = high_bytes(made.after)
+            self.counters.count(action.kind, str(action.metric), False)
+            self._log_memory(action, "")
+        unchanged = _unchanged(results)
+        return MemoryCarried(
+            unchanged,
+            written,
+            frozenset(d.change.group for d in results.done if d.change.release),
+            any(isinstance(a, MemoryThrottle) and a.workload_id in unchanged.refused for a in real),
+            results.done,
+        )
+
+    def _memory_change(self, action: MemoryAction, before: GuardState, done: Mapping[str, int | None]) -> Change:
+        held = before.memory.get(action.workload_id)
+        drifted = None if held is None or action.workload_id in done else high_text(held.high)
+        full = isinstance(action, MemoryRestore) and action.full
+        return Change(MEMORY, action.workload_id, high_text(action.high), high_text(action.original), full,
+                      action.kind, str(action.metric), drifted, action)  # fmt: skip
+
+    def _log_memory(self, action: MemoryAction, prefix: str) -> None:
+        if prefix:
+            self.counters.count(action.kind, str(action.metric), True)
+        log.info(
+            f"{prefix} {action.kind}".strip(), workload=action.workload_id, metric=str(action.metric),
+            reason=action.reason, gap=action.gap_before, predicted_release=action.predicted_release,
+            memory_high=high_text(action.high), previous=high_text(action.previous),
+        )  # fmt: skip
+
     # --- values changed behind nodeguard ---------------------------------------------
 
     def _seen(self, snapshot: Snapshot) -> drift.Seen:
         def seen(record: LeverRecord) -> str | None:
+            if record.lever == MEMORY:
+                found = snapshot.workloads.get(record.group)
+                high = None if found is None else found.memory_high
+                return None if high is None else ("max" if high == float("inf") else str(int(high)))
             if record.lever != QUOTA:
                 return None
             usage = snapshot.workloads.get(record.group)

@@ -22,7 +22,7 @@ from nodeguard.actuators.changes import Done
 from nodeguard.kubernetes.client import KubeClient, KubeError, raise_for
 from nodeguard.kubernetes.metadata import PodCache, PodMeta
 from nodeguard.log import RateLimiter, get_logger
-from nodeguard.policy.actions import Action, Restore, Reweigh, Throttle
+from nodeguard.policy.actions import Action, MemoryRestore, MemoryThrottle, Restore, Reweigh, Throttle
 
 log = get_logger("nodeguard.kubernetes.events")
 
@@ -38,11 +38,17 @@ LEVER_KINDS: dict[tuple[str, bool], Kind] = {
     ("cpu.max", False): ("NodeguardRestored", "Normal", "Restore"),
     ("cpu.weight", True): ("NodeguardWeightLowered", "Warning", "LowerWeight"),
     ("cpu.weight", False): ("NodeguardWeightRestored", "Normal", "RestoreWeight"),
+    ("memory.high", True): ("NodeguardMemoryThrottled", "Warning", "ThrottleMemory"),
+    ("memory.high", False): ("NodeguardMemoryRestored", "Normal", "RestoreMemory"),
 }
 
 
 def _cores(value: float | None) -> str:
     return "unlimited" if value is None else f"{value:.3g} cores"
+
+
+def _mib(value: int | None) -> str:
+    return "max" if value is None else f"{value / (1 << 20):.4g} MiB"
 
 
 def describe(action: Action) -> str:
@@ -51,13 +57,15 @@ def describe(action: Action) -> str:
     head = f"{action.metric}: gap {gap}; {action.reason}"
     if isinstance(action, Throttle | Restore):
         return f"{head}; CPU limit {_cores(action.previous.cores)} -> {_cores(action.quota.cores)}"
+    if isinstance(action, MemoryThrottle | MemoryRestore):
+        return f"{head}; memory.high {_mib(action.previous)} -> {_mib(action.high)}"
     return head + (f"; frees about {action.cores:.3g} cores, {action.memory_bytes >> 20} MiB" if action.cores else "")
 
 
 def describe_change(done: Done) -> str:
     """The Event message of a lever change: the plan's own words where it has them, and the values."""
     asked = done.change.asked
-    if isinstance(asked, Throttle | Restore):
+    if isinstance(asked, Throttle | Restore | MemoryThrottle | MemoryRestore):
         return describe(asked)
     what = f"{done.change.lever} {done.before} -> {done.after}"
     if isinstance(asked, Reweigh):

@@ -293,6 +293,7 @@ def apply(workload: Workload, pod: PodMeta | None, held: bool) -> Workload:
         containers=workload.containers,
         started_at=pod.started_at or workload.started_at,
         cpu_request_cores=pod.cpu_request_cores,
+        memory_request_bytes=None if pod.memory_request_bytes is None else round(pod.memory_request_bytes),
         metadata_known=True,
     )
 

@@ -30,6 +30,8 @@ class WorkloadUsage(NamedTuple):
     # Cores' worth of time its own CFS bandwidth limit held it back (cpu.stat
     # throttled time, summed over CPUs); None on first sight.
     throttled_cores: float | None = None
+    # Its memory.high in bytes, math.inf for "max"; None where it has none (cgroup v1, no memory controller).
+    memory_high: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ class Workload:
     containers: tuple[Container, ...] = ()
     started_at: float | None = None  # wall-clock seconds; None when unknown
     cpu_request_cores: float | None = None
+    memory_request_bytes: int | None = None  # the floor of a memory throttle, with guard.memory.minHigh
     # False for a pod cgroup the Kubernetes metadata does not know (yet): never acted on.
     metadata_known: bool = True
 

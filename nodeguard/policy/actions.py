@@ -72,7 +72,50 @@ class Evict:
         return self.workload.id
 
 
-Action = Throttle | Restore | Evict
+@dataclass(frozen=True, slots=True)
+class MemoryThrottle:
+    """Lower a workload's memory.high (policy.memory): the kernel reclaims from it and slows its allocations."""
+
+    workload: Workload
+    metric: Metric
+    reason: str
+    gap_before: float  # still open before this action, in the metric's unit
+    predicted_release: float | None  # in the metric's unit: at most what it uses above the new memory.high
+    release_bytes: int
+    high: int  # the memory.high to write, bytes
+    previous: int | None  # memory.high before this action (None: "max")
+    original: int | None  # memory.high before the guard first touched it: for the ledger
+    dry_run: bool
+    kind: Literal["memory_throttle"] = "memory_throttle"
+
+    @property
+    def workload_id(self) -> str:
+        return self.workload.id
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRestore:
+    """Raise a held memory.high a step, or write its original back (``full``)."""
+
+    workload: Workload
+    metric: Metric
+    reason: str
+    gap_before: float | None  # the throttle-up gap still open
+    predicted_release: float | None  # negative: the usage it may add back
+    high: int | None  # the memory.high to write: exactly ``original`` when ``full``
+    previous: int | None
+    original: int | None
+    full: bool
+    dry_run: bool
+    kind: Literal["memory_restore"] = "memory_restore"
+
+    @property
+    def workload_id(self) -> str:
+        return self.workload.id
+
+
+MemoryAction = MemoryThrottle | MemoryRestore
+Action = Throttle | Restore | Evict | MemoryThrottle | MemoryRestore
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +148,7 @@ Cause = Literal[
     "step-too-small",  # the change would be under minChangePercent
     "futile",  # quotas did not cut the protected stall: given back, the quota lever off for a while
     "contended",  # a lowered weight stays: the work under it still wants the CPU it holds from the protected
+    "needs-cgroup-v2",  # memory throttling writes memory.high, which cgroup v1 does not have
 ]
 
 

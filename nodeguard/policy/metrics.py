@@ -170,8 +170,8 @@ CAPABILITIES: dict[Metric, Capability] = {
             Metric.MEMORY_TOTAL_USAGE,
             Unit.BYTES,
             Resource.MEMORY,
-            throttleable=False,
-            throttle_quantified=False,
+            throttleable=True,  # memory.high on cgroup v2 (policy.memory)
+            throttle_quantified=True,
             evictable=True,
             evict_quantified=True,
             sort_by=_MEMORY_SORT,
@@ -185,8 +185,8 @@ CAPABILITIES: dict[Metric, Capability] = {
             Metric.MEMORY_TOTAL_UTILIZATION,
             Unit.PERCENT,
             Resource.MEMORY,
-            throttleable=False,
-            throttle_quantified=False,
+            throttleable=True,  # memory.high on cgroup v2 (policy.memory)
+            throttle_quantified=True,
             evictable=True,
             evict_quantified=True,
             sort_by=_MEMORY_SORT,

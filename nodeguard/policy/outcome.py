@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from nodeguard.model.samples import CpuMax
-from nodeguard.policy.actions import Restore, Reweigh, Throttle
+from nodeguard.policy.actions import MemoryRestore, MemoryThrottle, Restore, Reweigh, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
-from nodeguard.policy.state import GuardState, HeldBack, HeldThrottle, LoweredWeight, held_back_after
+from nodeguard.policy.state import GuardState, HeldBack, HeldMemory, HeldThrottle, LoweredWeight, held_back_after
 
 # The levers' names as the ledger keys them (nodeguard.actuators.levers; a test checks the two agree).
-QUOTA, WEIGHT = "cpu.max", "cpu.weight"
+QUOTA, WEIGHT, MEMORY = "cpu.max", "cpu.weight", "memory.high"
 LeverKey = tuple[str, str]  # (lever, group)
 
 
@@ -55,6 +55,7 @@ class Moves:
 
     originals: Mapping[str, CpuMax] = field(default_factory=dict)
     released: frozenset[LeverKey] = frozenset()
+    memory_originals: Mapping[str, int | None] = field(default_factory=dict)  # memory.high, None for "max"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,9 @@ class QuotaOutcome:
     released: frozenset[str] = frozenset()  # records that left the ledger with the write (back at the original)
     moves: Moves = Moves()
     failed_evictions: frozenset[str] = frozenset()
+    memory: Unchanged = Unchanged()  # the memory.high changes that did not happen
+    memory_written: Mapping[str, int | None] = field(default_factory=dict)  # memory.high now in the kernel
+    memory_released: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,7 @@ class Held:
     reason: str  # the metric behind it
     original: CpuMax | None = None  # a quota's values (the state keeps a weight's in the ledger only)
     applied: CpuMax | None = None
+    memory: tuple[int | None, int] | None = None  # memory.high's (original, applied), bytes; None for "max"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +89,15 @@ class AfterPass:
     state: GuardState  # the state as the kernel now is
     refused: dict[str, HeldBack]  # throttles refused in this pass: plan again without them
     written: Mapping[str, CpuMax]
+    memory_written: Mapping[str, int | None] = field(default_factory=dict)
 
 
 def _without(state: GuardState, key: LeverKey) -> GuardState:
     lever, group = key
     if lever == QUOTA:
         return replace(state, throttles={k: v for k, v in state.throttles.items() if k != group})
+    if lever == MEMORY:
+        return replace(state, memory={k: v for k, v in state.memory.items() if k != group})
     return replace(state, lowered={k: v for k, v in state.lowered.items() if k != group})
 
 
@@ -101,6 +109,16 @@ def _keep(state: GuardState, workload_id: str, held: HeldThrottle | None) -> Gua
     else:
         throttles[workload_id] = held
     return replace(state, throttles=throttles)
+
+
+def _keep_memory(state: GuardState, workload_id: str, held: HeldMemory | None) -> GuardState:
+    """The memory.high hold a workload had before the plan, since the plan's change did not happen."""
+    memory = dict(state.memory)
+    if held is None:
+        memory.pop(workload_id, None)
+    else:
+        memory[workload_id] = held
+    return replace(state, memory=memory)
 
 
 def _hold(previous: HeldBack | None, group: str, refusal: Refusal, now: float, holds: HoldTimes) -> HeldBack:
@@ -116,6 +134,10 @@ def fold_moves(state: GuardState, moves: Moves) -> GuardState:
         held = state.throttles.get(group)
         if held is not None:
             state = replace(state, throttles={**state.throttles, group: replace(held, original=original)})
+    for group, high in moves.memory_originals.items():
+        hold = state.memory.get(group)
+        if hold is not None:
+            state = replace(state, memory={**state.memory, group: replace(hold, original=high)})
     for key in moves.released:
         state = _without(state, key)
     return state
@@ -139,11 +161,38 @@ def after_pass(plan: Plan, before: GuardState, outcome: QuotaOutcome, holds: Hol
         action = asked.get(group)
         if not (isinstance(action, Restore) and action.full):
             state = _without(state, (QUOTA, group))  # a step up the ledger could not record went all the way
+    state = _memory_after(plan, before, outcome, state, refused=refused, holds=holds)
     state = fold_moves(state, outcome.moves)
     for workload_id in outcome.failed_evictions:
         state = state.without_eviction(workload_id)
-    state = state.with_held_back(refused).without_held_back(outcome.written)
-    return AfterPass(state, refused, outcome.written)
+    state = state.with_held_back(refused).without_held_back([*outcome.written, *outcome.memory_written])
+    return AfterPass(state, refused, outcome.written, outcome.memory_written)
+
+
+def _memory_after(
+    plan: Plan,
+    before: GuardState,
+    outcome: QuotaOutcome,
+    state: GuardState,
+    *,
+    refused: dict[str, HeldBack],
+    holds: HoldTimes,
+) -> GuardState:
+    """``after_pass`` for memory.high: a refused lowering holds the workload back, as a refused quota does."""
+    asked = {a.workload_id: a for a in plan.actions if isinstance(a, MemoryThrottle | MemoryRestore)}
+    for group, refusal in outcome.memory.refused.items():
+        if isinstance(asked.get(group), MemoryThrottle):
+            refused[group] = _hold(before.held_back.get(group), group, refusal, plan.monotonic, holds)
+        state = _keep_memory(state, group, before.memory.get(group))
+    for group in outcome.memory.withheld:
+        state = _keep_memory(state, group, before.memory.get(group))
+    for group in outcome.memory.gone:
+        state = _without(state, (MEMORY, group))
+    for group in outcome.memory_released:
+        action = asked.get(group)
+        if not (isinstance(action, MemoryRestore) and action.full):
+            state = _without(state, (MEMORY, group))
+    return state
 
 
 def after_reweigh(plan: Plan, state: GuardState, unchanged: Unchanged, holds: HoldTimes = HoldTimes()) -> GuardState:
@@ -169,6 +218,14 @@ def _adopt_quota(state: GuardState, held: Held, now: float) -> GuardState:
     return replace(state, throttles={**state.throttles, held.group: throttle})
 
 
+def _adopt_memory(state: GuardState, held: Held, now: float) -> GuardState:
+    reasons = frozenset({Metric(held.reason)}) if held.reason in Metric._value2member_map_ else frozenset()
+    assert held.memory is not None, "a memory.high record carries its values"
+    original, applied = held.memory
+    hold = HeldMemory(held.group, original, applied, reasons, now)
+    return replace(state, memory={**state.memory, held.group: hold})
+
+
 def _adopt_weight(state: GuardState, held: Held, now: float) -> GuardState:
     return replace(state, lowered={**state.lowered, held.group: LoweredWeight(held.group, now)})
 
@@ -178,6 +235,7 @@ def _adopt_weight(state: GuardState, held: Held, now: float) -> GuardState:
 ADOPTED: dict[str, Callable[[GuardState, Held, float], GuardState]] = {
     QUOTA: _adopt_quota,
     WEIGHT: _adopt_weight,
+    MEMORY: _adopt_memory,
 }
 
 

@@ -11,6 +11,8 @@ One tick, in order (each feature's module says how it decides):
    still terminating leave open, within the eviction budget.
 3. Restore (increase slowly; policy.restore) when every throttle metric is
    calm, else refill the dead-band's room to starved throttled workloads.
+   Memory throttle lines lower and raise memory.high instead of quotas
+   (policy.memory), with their own restore.
 4. Protect's end: lowered weights back once the harm is gone and the work
    under them no longer waits for CPU (policy.protect_levers). Its start, the
    reading remembered and the quotas on trial judged, comes before step 1.
@@ -35,6 +37,7 @@ from nodeguard.model.snapshot import Snapshot
 from nodeguard.policy.actions import Action, Blocked, Reweigh
 from nodeguard.policy.evict import evict
 from nodeguard.policy.gaps import Gaps
+from nodeguard.policy.memory import is_memory, memory_restore, memory_throttle
 from nodeguard.policy.metrics import CAPABILITIES, Metric
 from nodeguard.policy.protect import CONTENDED_CORES
 from nodeguard.policy.protect_levers import Protection
@@ -108,21 +111,25 @@ def plan(snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> Plan:
             ranked = tick.ranked(line.sort_by)
             if CAPABILITIES[line.metric].protected:
                 protection.lever(line, gap, ranked)
+            elif is_memory(line):
+                memory_throttle(tick, line, gap, ranked)
             else:
                 throttle(tick, line, gap, ranked)
     # Incompressible first: memory cannot wait for CPU to be released.
     for line in sorted(lines, key=lambda w: CAPABILITIES[w.metric].compressible):
         if line.action == "evict":
             evict(tick, line)
-    throttle_lines = [line for line in lines if line.action == "throttle"]
+    throttle_lines = [line for line in lines if line.action == "throttle" and not is_memory(line)]
     if not restore(tick, throttle_lines):
         refill(tick, throttle_lines)
+    memory_restore(tick, [line for line in lines if line.action == "throttle" and is_memory(line)])
     protection.end()
     protected = protection.state
     new_state = GuardState(
         streaks=tick.streaks,
         cooldowns=tick.cooldowns,
         throttles=tick.throttles,
+        memory=tick.memory,
         evictions=tick.evictions,
         last_eviction=tick.last_eviction,
         held_back=tick.held_back,

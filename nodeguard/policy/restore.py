@@ -44,9 +44,11 @@ def restore(tick: Tick, lines: Sequence[Waterline]) -> bool:
     """Raise held quotas when the node is calm; False when it is not (nothing raised)."""
     if not tick.held_before:
         return False
-    for metric in tick.gaps.throttle_down:
+    # Quotas wait for the CPU lines given here; memory lines hold memory.high (policy.memory), not quotas.
+    past = [metric for metric in tick.gaps.throttle_down if metric in {line.metric for line in lines}]
+    for metric in past:
         tick.block(metric, Direction.RESTORE, "throttling", f"{metric} is past its waterline")
-    if tick.gaps.throttle_down:
+    if past:
         return False
     reasons = frozenset().union(*(h.reasons for h in tick.throttles.values()))
     budget = tick.guard.restore_step_percent / 100.0 * tick.node.cpus

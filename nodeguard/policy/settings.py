@@ -197,6 +197,53 @@ class ProtectSettings(Model):
     )
 
 
+def _bytes(raw: object) -> int:
+    """Bytes given as a number or like "64Mi" (no percentage: these are per workload)."""
+    if isinstance(raw, str) and raw.strip().endswith("%"):
+        raise ValueError('expected bytes (a number, or like "64Mi"), not a percentage')
+    return round(parse_quantity(raw, Unit.BYTES).value)
+
+
+ByteAmount = Annotated[
+    int,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0},
+                {"type": "string", "pattern": r"^\s*[0-9.]+\s*([KMGTP]i?B?|k)?\s*$"},
+            ],
+            "description": 'bytes: a number, or like "64Mi", "1G"',
+        }
+    ),
+]
+
+
+class MemorySettings(Model):
+    """How throttle objectives on memory metrics move memory.high (nodeguard.policy.memory; cgroup v2 only)."""
+
+    min_high: ByteAmount = Field(
+        64 << 20,
+        ge=1 << 20,
+        description="a workload's memory.high is never lowered below this (nor below its memory request): "
+        "above memory.high the kernel slows its allocations and reclaims, it does not kill",
+    )
+    step_percent: float = Field(
+        20.0,
+        gt=0,
+        le=100,
+        description="the most a memory.high comes down in one tick, % of what the workload uses: the kernel "
+        "reclaims inside the write, and a workload meets the limit a step at a time",
+    )
+    restore_step_percent: float = Field(
+        5.0, gt=0, le=100, description="largest memory.high increase per tick, in all, % of node memory"
+    )
+
+    @field_validator("min_high", mode="before")
+    @classmethod
+    def _min_high(cls, raw: object) -> int:
+        return _bytes(raw)
+
+
 class GuardSettings(Model):
     objectives: list[Objective] = []
     candidates: Candidates = Candidates()
@@ -241,6 +288,10 @@ class GuardSettings(Model):
         "doubling with each refusal in a row up to 20 times as long",
     )
     evictions: EvictionBudget = EvictionBudget()
+    memory: MemorySettings = Field(
+        MemorySettings(),
+        description="how throttle objectives on memory_total_utilization and memory_total_usage lower memory.high",
+    )
     dry_run: bool = False
 
     @model_validator(mode="after")

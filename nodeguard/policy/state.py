@@ -46,6 +46,19 @@ class HeldThrottle:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldMemory:
+    """A workload whose memory.high the guard lowered (policy.memory), and the value it had before."""
+
+    workload_id: str
+    original: int | None  # bytes, None for "max"
+    high: int  # what the guard set last, bytes
+    reasons: frozenset[Metric]  # may be empty (adopted from the ledger of an older run)
+    since: float  # monotonic time of the first throttle
+    # Bytes it used when first throttled: a restore that lifts memory.high past this releases it at once.
+    demand_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class QuotaTrial:
     """Quotas set for a protected workload's stall after the weights came down: they stay only if they cut it."""
 
@@ -120,6 +133,8 @@ class GuardState:
     # Ticks still to wait after acting on a non-quantified metric.
     cooldowns: Mapping[Key, int] = field(default_factory=dict)
     throttles: Mapping[str, HeldThrottle] = field(default_factory=dict)
+    # Workloads whose memory.high the guard holds lowered (throttle objectives on memory metrics).
+    memory: Mapping[str, HeldMemory] = field(default_factory=dict)
     evictions: Mapping[str, PendingEviction] = field(default_factory=dict)
     # Monotonic time of the last eviction round; dry runs keep their own clock
     # so a logged eviction never delays a real one.

@@ -20,7 +20,7 @@ from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import Ranked, ordering
 from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.stall import ProtectedStalls, covers, is_protected
-from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, Key, PendingEviction
+from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, HeldMemory, Key, PendingEviction
 from nodeguard.policy.waterlines import Waterline, waterlines_for
 
 # A gap under one millicore (Kubernetes' smallest CPU unit) is closed: quotas
@@ -80,9 +80,12 @@ class Tick:
         self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
         self.margin = guard.target_margin_percent / 100.0 * self.node.cpus
 
-        self.departed = tuple(wid for wid in state.throttles if wid not in self.workloads)
+        held = (*state.throttles, *(wid for wid in state.memory if wid not in state.throttles))
+        self.departed = tuple(wid for wid in held if wid not in self.workloads)
         self.throttles = {wid: h for wid, h in state.throttles.items() if wid in self.workloads}
         self.held_before = bool(self.throttles)
+        self.memory: dict[str, HeldMemory] = {wid: h for wid, h in state.memory.items() if wid in self.workloads}
+        self.memory_before = bool(self.memory)
         timeout = guard.evictions.termination_timeout_seconds
         self.evictions: dict[str, PendingEviction] = {}
         expired = []
@@ -102,7 +105,7 @@ class Tick:
         }
         self.holding = {wid for wid, h in self.held_back.items() if h.until > self.now}
 
-        self.gaps = compute_gaps(self.readings, self.lines, bool(self.throttles))
+        self.gaps = compute_gaps(self.readings, self.lines, bool(self.throttles) or self.memory_before)
         self.streaks = self._streaks()
         self.cooling = {key for key, ticks in state.cooldowns.items() if ticks > 0}
         self.cooldowns = {key: ticks - 1 for key, ticks in state.cooldowns.items() if ticks > 1}
@@ -115,7 +118,8 @@ class Tick:
         self.planned: dict[str, CpuMax] = {}  # quotas lowered this tick
         self._absorbing: tuple[float, float] | None = None  # (cores freed CPU goes to, share of waits that is demand)
         self.released_cores = 0.0  # by this tick's throttles and evictions
-        self.released_memory = 0
+        self.released_memory = 0  # by this tick's evictions
+        self.throttled_memory = 0  # what this tick's memory.high cuts may release (policy.memory)
         self.evicted: set[str] = set()
         self.evicted_count = {False: 0, True: 0}  # by dry_run
         self.last_eviction = dict(state.last_eviction)
@@ -126,6 +130,10 @@ class Tick:
         scale = CAPABILITIES[metric].per_resource_unit
         assert scale is not None, f"{metric} is not quantified"
         return scale(self.node)
+
+    def node_memory(self) -> float:
+        """The node's memory in bytes (0 while /proc/meminfo is unreadable: memory metrics then read None)."""
+        return float(self.node.memory.total) if self.node.memory is not None else 0.0
 
     def room(self, line: Waterline, value: float) -> float:
         """Cores between the node's reading and what a throttle aims at (the waterline less the margin)."""
@@ -143,7 +151,7 @@ class Tick:
                 key = (metric, Direction.RESTORE)
                 calm = value is not None and value < line.restore_below
                 streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if calm else 0
-            if line.action == "throttle" and line.quantified:
+            if line.action == "throttle" and line.quantified and CAPABILITIES[metric].resource is Resource.CPU:
                 key = (metric, Direction.REFILL)
                 room = value is not None and self.room(line, value) >= self.min_change
                 streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if room else 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.workloads import Workload
-from nodeguard.policy.actions import Action, Evict, Restore, Throttle
+from nodeguard.policy.actions import Action, Evict, MemoryRestore, MemoryThrottle, Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState, HeldBack, QuotaTrial
@@ -22,6 +22,11 @@ from nodeguard.policy.state import GuardState, HeldBack, QuotaTrial
 
 def _cpu_max(limit: CpuMax) -> dict[str, Any]:
     return {"quota_us": limit.quota_us, "period_us": limit.period_us, "cores": limit.cores}
+
+
+def _bytes(value: int | None) -> int | str:
+    """A memory.high value as shown: bytes, or "max"."""
+    return "max" if value is None else value
 
 
 def lever(quota: CpuMax, original: CpuMax) -> str:
@@ -56,6 +61,15 @@ def _action(action: Action) -> dict[str, Any]:
         data["previous"] = _cpu_max(action.previous)
         data["original"] = _cpu_max(action.original)
         data["lever"] = lever(action.quota, action.original)
+    if isinstance(action, MemoryThrottle | MemoryRestore):
+        data["lever"] = "memory.high"
+        data["memory_high"] = _bytes(action.high)
+        data["previous"] = _bytes(action.previous)
+        data["original"] = _bytes(action.original)
+    if isinstance(action, MemoryThrottle):
+        data["release_bytes"] = action.release_bytes
+    elif isinstance(action, MemoryRestore):
+        data["full"] = action.full
     if isinstance(action, Throttle):
         data["release_cores"] = action.release_cores
     elif isinstance(action, Restore):
@@ -85,6 +99,15 @@ def _state(state: GuardState) -> dict[str, Any]:
                 "since": held.since,
             }
             for wid, held in state.throttles.items()
+        },
+        "memory": {
+            wid: {
+                "original": _bytes(held.original),
+                "memory_high": held.high,
+                "reasons": sorted(str(m) for m in held.reasons),
+                "since": held.since,
+            }
+            for wid, held in state.memory.items()
         },
         "evictions": {
             wid: {"metric": str(p.metric), "cores": p.cores, "memory_bytes": p.memory_bytes, "since": p.since}

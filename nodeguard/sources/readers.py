@@ -8,6 +8,7 @@ descriptors fail with ENODEV or ENOENT: that is a workload that left.
 from __future__ import annotations
 
 import errno
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ _BUFSIZE = 4096
 
 # cpu.stat, the CPU limit, cpu.pressure totals, memory in use, and the run-queue waits of its
 # threads since the last sample (None when not followed).
-RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None, Waits | None]
+RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None, Waits | None, float | None]
 
 
 def open_optional(path: str) -> int:
@@ -102,6 +103,13 @@ _Parsed = tuple[object, CpuStat | None, object, CpuMax | None, object, PsiTotals
 _UNREAD: _Parsed = (object(), None, object(), None, object(), None)  # equal to no bytes: everything is parsed
 
 
+def _memory_high(raw: bytes | None) -> float | None:
+    """memory.high in bytes, math.inf for "max"; None when absent or read empty (a group being removed)."""
+    if not raw or not raw.strip():
+        return None
+    return math.inf if raw.strip() == b"max" else int(raw)
+
+
 def _follow(waits: TaskWait | None, threads: bool) -> Waits | None:
     if waits is None:
         return None
@@ -114,7 +122,7 @@ def _follow(waits: TaskWait | None, threads: bool) -> Waits | None:
 class V2Reader:
     """cgroup v2: cpu.stat (required), cpu.max, cpu.pressure, memory.current; its threads' run-queue wait."""
 
-    __slots__ = ("_last", "_max", "_mem", "_psi", "_stat", "_wait", "path")
+    __slots__ = ("_high", "_last", "_max", "_mem", "_psi", "_stat", "_wait", "path")
 
     # A file whose bytes did not change since the last tick parses to the same
     # value: reuse it. Idle cgroups (sandboxes, sleeping services) are common,
@@ -133,6 +141,7 @@ class V2Reader:
         self._max = open_optional(path + "/cpu.max")
         self._psi = open_optional(path + "/cpu.pressure")
         self._mem = open_optional(path + "/memory.current")
+        self._high = open_optional(path + "/memory.high")
         self._wait = TaskWait(subtree(path), proc_root, "cgroup.threads") if proc_root is not None else None
 
     def rescan(self) -> None:
@@ -149,6 +158,7 @@ class V2Reader:
             limit = pread(self._max, _BUFSIZE, 0) if self._max != _ABSENT else None
             psi = pread(self._psi, _BUFSIZE, 0) if self._psi != _ABSENT else None
             memory = pread(self._mem, _BUFSIZE, 0) if self._mem != _ABSENT else None
+            high = pread(self._high, _BUFSIZE, 0) if self._high != _ABSENT else None
         except OSError as exc:
             if exc.errno in _GONE_ERRNOS:
                 raise CgroupGone(self.path) from None
@@ -162,7 +172,8 @@ class V2Reader:
         totals = last[5] if psi == last[4] else (parse_psi_totals(psi.decode()) if psi and psi.strip() else None)
         self._last = (stat, cpu, limit, cpu_max, psi, totals)
         waits = _follow(self._wait, threads)
-        return cpu, cpu_max, totals, int(memory) if memory and memory.strip() else None, waits
+        used = int(memory) if memory and memory.strip() else None
+        return cpu, cpu_max, totals, used, waits, _memory_high(high)
 
     def details(self) -> CgroupDetails:
         return read_details_v2(self.path)
@@ -170,8 +181,8 @@ class V2Reader:
     def close(self) -> None:
         if self._wait is not None:
             self._wait.close()
-        _close_all([self._stat, self._max, self._psi, self._mem])
-        self._stat = self._max = self._psi = self._mem = _ABSENT
+        _close_all([self._stat, self._max, self._psi, self._mem, self._high])
+        self._stat = self._max = self._psi = self._mem = self._high = _ABSENT
 
 
 def read_detail(path: str) -> str | None:
@@ -244,7 +255,8 @@ class V1Reader:
         psi_text = _other_hierarchy(self._psi)
         memory_text = _other_hierarchy(self._mem)
         psi = parse_psi_totals(psi_text) if psi_text else None
-        return cpu, cpu_max, psi, int(memory_text) if memory_text else None, _follow(self._wait, threads)
+        used = int(memory_text) if memory_text else None
+        return cpu, cpu_max, psi, used, _follow(self._wait, threads), None  # v1 has no memory.high
 
     def details(self) -> CgroupDetails:
         procs = read_text(self.path + "/cgroup.procs")

@@ -129,7 +129,7 @@ class Sensor:
             # Threads are followed only where there is CPU use to speak of (or none known yet).
             threads = old is None or old.cores is None or old.cores >= ACTIVE_CORES
             try:
-                cpu, cpu_max, psi, memory, waits = reader.sample(threads)
+                cpu, cpu_max, psi, memory, waits, high = reader.sample(threads)
             except CgroupGone:
                 gone.append(workload_id)
                 continue
@@ -162,7 +162,7 @@ class Sensor:
                 if throttled_cores is None or inner > throttled_cores:
                     throttled_cores = inner
             usages[workload_id] = make(
-                workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved, throttled_cores
+                workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved, throttled_cores, high
             )
         for workload_id in gone:
             self._drop(workload_id)

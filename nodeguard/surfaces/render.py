@@ -103,6 +103,19 @@ def _period(action: dict[str, Any]) -> str:
     return "" if period == action["original"]["period_us"] else f" ({period / 1000:g} ms period)"
 
 
+def _mib(value: int | str) -> str:
+    return value if isinstance(value, str) else f"{value / (1 << 20):.0f}Mi"
+
+
+def _limit(action: dict[str, Any]) -> str:
+    """The limit an action changes: a CPU quota in cores, or memory.high."""
+    if "quota" in action:
+        return _quota(action["previous"]) + " -> " + _quota(action["quota"]) + _period(action)
+    if "memory_high" in action:
+        return f"memory.high {_mib(action['previous'])} -> {_mib(action['memory_high'])}"
+    return "-"
+
+
 def render_plan(plan: Plan, candidates_shown: int = 10) -> str:
     """The plan as a person reads it: readings against waterlines, gaps, actions, and why not more."""
     data = plan_to_data(plan, candidate_limit=candidates_shown)
@@ -138,12 +151,12 @@ def render_plan(plan: Plan, candidates_shown: int = 10) -> str:
             a["metric"],
             _num(a["gap_before"], "{:.3g}"),
             _num(a["predicted_release"], "{:.3g}"),
-            _quota(a["previous"]) + " -> " + _quota(a["quota"]) + _period(a) if "quota" in a else "-",
+            _limit(a),
         ]
         for a in data["actions"]
     ]
     if action_rows:
-        lines.append(table(["action", "workload", "metric", "gap", "release", "quota"], action_rows))
+        lines.append(table(["action", "workload", "metric", "gap", "release", "limit"], action_rows))
     for r in data["reweighs"]:
         what = "lower the CPU weight of" if r["lower"] else "put back the CPU weight of"
         dry = " (dry run)" if r["dry_run"] else ""

@@ -49,6 +49,7 @@ def status_of(daemon: Daemon) -> dict[str, Any]:
         "held": {name: held_view(daemon.ledger, name) for name in daemon.levers},
         "throttles": held_view(daemon.ledger, "cpu.max"),
         "weights": held_view(daemon.ledger, "cpu.weight"),
+        "memory": held_view(daemon.ledger, "memory.high"),
         "heldBack": {
             wid: {
                 "error": h.error,

@@ -60,3 +60,19 @@ def test_a_workload_that_left_is_cgroup_gone(tree: Path) -> None:
     with pytest.raises(CgroupGone):
         writer.write("kubepods/pod2", "cpu.max", "1000 100000")
     assert writer.counters.errors["ENOENT"] == 1
+
+
+@pytest.mark.parametrize("workload_id", ["../outside", "sneaky", "kubepods/pod1/../../../outside"])
+def test_memory_high_is_on_the_allow_list_with_the_same_path_checks(tree: Path, workload_id: str) -> None:
+    """memory.high (the memory lever's file) is written inside the root, and refused where the path leaves it."""
+    (tree.parent / "outside/memory.high").write_text("max\n")
+    (tree / "kubepods/pod1/memory.high").write_text("max\n")
+    writer = CgroupWriter(str(tree))
+    writer.write("kubepods/pod1", "memory.high", "1048576")
+    assert (tree / "kubepods/pod1/memory.high").read_text() == "1048576"
+    with pytest.raises(ActuationRefused):
+        writer.write(workload_id, "memory.high", "4096")
+    assert (tree.parent / "outside/memory.high").read_text() == "max\n"
+    for other in ("memory.max", "memory.low", "memory.min"):  # the OOM killer's limit and protection stay kubelet's
+        with pytest.raises(ActuationRefused):
+            writer.write("kubepods/pod1", other, "4096")

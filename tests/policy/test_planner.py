@@ -152,14 +152,14 @@ def test_memory_only_objective_evicts_and_never_throttles() -> None:
     assert p.state.evictions["big"].memory_bytes == 3 * GiB
 
 
-def test_memory_cannot_be_a_throttle_objective() -> None:
-    """The config refuses a throttle objective on memory, naming the path."""
+def test_a_memory_throttle_objective_needs_its_restore_waterline() -> None:
+    """The config takes a throttle objective on memory (memory.high) only with restoreBelow, naming the path."""
     doc = {
         "global": {
             "guard": {"objectives": [{"metric": "memory_total_usage", "threshold": "80%", "action": "throttle"}]}
         }
     }
-    with pytest.raises(ConfigError, match=r"global\.guard\.objectives\[0\]\.action"):
+    with pytest.raises(ConfigError, match=r"global\.guard\.objectives\[0\]\.restoreBelow"):
         parse_document(doc)
 
 

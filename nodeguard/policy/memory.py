@@ -1,0 +1,253 @@
+"""Memory throttle and restore: lower candidates' memory.high while a memory waterline is past (cgroup v2).
+
+Throttle (decrease fast): per throttle waterline on memory_total_utilization or
+memory_total_usage past for triggerAfter ticks, walk the candidates in their
+memory order (least important, largest first) and lower each one's
+memory.high towards what it uses now less what is left of the gap, stopping
+when the gap is closed. Never below its floor: its memory request, and
+guard.memory.minHigh (above memory.high the kernel reclaims and slows the
+workload's allocations; it never kills, so the floor is what keeps it
+running, not what keeps it alive). Never more than guard.memory.stepPercent
+of its usage below its usage in one tick: the kernel reclaims inside the
+write, so a big cut would stall the writer and the workload at once.
+
+What a lowered memory.high releases is what the kernel can reclaim: page
+cache at once, anonymous memory only with swap. Without swap a workload
+whose anonymous memory grows is held where it is (its allocations wait), so
+the node stops growing even where nothing is released; the prediction is
+the most it can give. When the candidates are at their floors the gap stays
+open and is reported (``exhausted``); evict objectives, whose waterline is
+higher, remain the last resort.
+
+Restore (increase slowly): once every memory throttle metric has been below
+its restore waterline for restoreAfter ticks, held values rise by at most
+guard.memory.restoreStepPercent of node memory per tick in all (and no more
+than the throttle-up gap), most important first; a workload is released (its
+exact original written back, "max" or kubelet's Memory QoS value) when the
+step reaches its original, the node's memory, or what it used when first
+throttled.
+
+On cgroup v1 there is no memory.high: each memory throttle line is blocked
+with cause ``needs-cgroup-v2`` and evict objectives are untouched.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from nodeguard.model.snapshot import WorkloadUsage
+from nodeguard.model.workloads import QOS_RANK
+from nodeguard.policy.actions import MemoryRestore, MemoryThrottle
+from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
+from nodeguard.policy.ranking import Ranked
+from nodeguard.policy.state import Direction, HeldMemory
+from nodeguard.policy.tick import Tick, fmt
+from nodeguard.policy.waterlines import Waterline
+
+# memory.high values are multiples of this: whole pages on 4, 16 and 64 KiB page kernels (the lever refuses others).
+GRANULE = 64 << 10
+NEEDS_V2 = (
+    "memory throttling writes memory.high, which needs cgroup v2 (cgroup v1's memory limits invoke the OOM "
+    "killer); on this node only evict objectives act on memory"
+)
+
+
+def is_memory(line: Waterline) -> bool:
+    return CAPABILITIES[line.metric].resource is Resource.MEMORY
+
+
+def as_bytes(high: float | None) -> int | None:
+    """A snapshot's memory.high (math.inf for "max") as the state keeps it (None for "max")."""
+    return None if high is None or math.isinf(high) else int(high)
+
+
+def _down(value: float) -> int:
+    return int(value) // GRANULE * GRANULE
+
+
+def _up(value: float) -> int:
+    return -(-math.ceil(value) // GRANULE) * GRANULE
+
+
+def floor_of(tick: Tick, usage: WorkloadUsage) -> int:
+    """The least memory.high a workload is given: its request, and guard.memory.minHigh."""
+    return _up(max(tick.guard.memory.min_high, usage.workload.memory_request_bytes or 0))
+
+
+def memory_throttle(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> None:
+    """Close a memory metric's gap by lowering the candidates' memory.high, fewest first."""
+    if tick.snapshot.cgroup_version != "v2":
+        tick.block(line.metric, Direction.THROTTLE, "needs-cgroup-v2", NEEDS_V2)
+        return
+    per_unit = tick.per_unit(line.metric)
+    margin = tick.guard.target_margin_percent / 100.0 * tick.node_memory()
+    # What this tick's throttles on the other memory metric may release counts; not towards evictions (evict.py):
+    # a lowered memory.high may release nothing (anonymous memory without swap), and eviction is what is left.
+    remaining = gap / per_unit + margin - tick.throttled_memory
+    for _, usage in ranked:
+        if remaining < GRANULE:
+            return
+        lowered = lower_high(tick, usage, remaining)
+        if lowered is None:
+            continue
+        high, release, previous = lowered
+        _emit_throttle(tick, line, usage, high=high, release=release, previous=previous,
+                       gap_before=remaining * per_unit, per_unit=per_unit)  # fmt: skip
+        remaining -= release
+    if remaining >= GRANULE:
+        detail = f"{fmt(remaining * per_unit)} of the gap stays open: every candidate's memory.high is at its floor"
+        tick.block(line.metric, Direction.THROTTLE, "exhausted", detail + tick.holding_note())
+
+
+def lower_high(tick: Tick, usage: WorkloadUsage, want: float) -> tuple[int, int, int | None] | None:
+    """(the new memory.high, the bytes it may release, the value before); None at its floor or without the file."""
+    if usage.memory_high is None or usage.memory_bytes is None:
+        return None  # no memory controller here: nothing to lower
+    wid = usage.workload.id
+    held = tick.memory.get(wid)
+    previous = held.high if held is not None else as_bytes(usage.memory_high)
+    used = usage.memory_bytes
+    # A workload already held below what it uses (anonymous memory, no swap) goes on from its limit.
+    base = used if previous is None else min(used, previous)
+    floor = floor_of(tick, usage)
+    room = base - floor
+    if room < GRANULE:
+        return None
+    step = used * tick.guard.memory.step_percent / 100.0
+    cut = min(room, max(want, GRANULE), max(step, GRANULE))
+    high = max(floor, _down(base - cut))
+    if previous is not None and high >= previous:
+        return None
+    return high, max(0, used - high), previous
+
+
+def _emit_throttle(
+    tick: Tick,
+    line: Waterline,
+    usage: WorkloadUsage,
+    *,
+    high: int,
+    release: int,
+    previous: int | None,
+    gap_before: float,
+    per_unit: float,
+) -> None:
+    workload = usage.workload
+    held = tick.memory.get(workload.id)
+    original = held.original if held is not None else as_bytes(usage.memory_high)
+    dry = tick.dry(line)
+    tick.actions.append(
+        MemoryThrottle(
+            workload=workload,
+            metric=line.metric,
+            reason=f"{line.metric} past {fmt(line.threshold)} ({line.objective}): lower memory.high precisely",
+            gap_before=gap_before,
+            predicted_release=release * per_unit,
+            release_bytes=release,
+            high=high,
+            previous=previous,
+            original=original,
+            dry_run=dry,
+        )
+    )
+    tick.throttled_memory += release
+    if not dry:
+        tick.memory[workload.id] = HeldMemory(
+            workload_id=workload.id,
+            original=original,
+            high=high,
+            reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
+            since=held.since if held is not None else tick.now,
+            demand_bytes=held.demand_bytes if held is not None else usage.memory_bytes,
+        )
+
+
+def memory_restore(tick: Tick, lines: Sequence[Waterline]) -> None:
+    """Raise held memory.high values a step when every memory throttle metric is calm."""
+    if not tick.memory_before:
+        return
+    for line in lines:
+        if line.metric in tick.gaps.throttle_down:
+            tick.block(line.metric, Direction.RESTORE, "throttling", f"{line.metric} is past its waterline")
+            return
+    budget = tick.guard.memory.restore_step_percent / 100.0 * tick.node_memory()
+    for line in lines:
+        if not _calm(tick, line):
+            return
+        up = tick.gaps.throttle_up.get(line.metric)
+        if up is not None:
+            budget = min(budget, up / tick.per_unit(line.metric))
+    _raise(tick, budget, lines)
+
+
+def _calm(tick: Tick, line: Waterline) -> bool:
+    value = tick.readings[line.metric]
+    if value is None:
+        tick.missing_sample(line.metric, Direction.RESTORE)
+        return False
+    assert line.restore_below is not None  # config: a throttle objective has restoreBelow
+    if line.metric not in tick.gaps.throttle_up:
+        detail = f"{fmt(value)} is not below the restore waterline {fmt(line.restore_below)}"
+        tick.block(line.metric, Direction.RESTORE, "dead-band", detail)
+        return False
+    key = (line.metric, Direction.RESTORE)
+    streak = tick.streaks.get(key, 0)
+    if streak < line.restore_after:
+        detail = f"below the restore waterline {streak}/{line.restore_after} ticks"
+        tick.block(line.metric, Direction.RESTORE, "confirming", detail)
+        return False
+    return True
+
+
+def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> None:
+    held = [tick.workloads[wid] for wid in tick.memory if wid not in tick.evictions]
+    # Most important first.
+    held.sort(key=lambda u: (QOS_RANK[u.workload.qos_class], -u.workload.priority, u.workload.id))
+    spent = 0.0
+    node = tick.node_memory()
+    for usage in held:
+        hold = tick.memory[usage.workload.id]
+        ceiling = min(math.inf if hold.original is None else hold.original, node)
+        if hold.demand_bytes is not None:
+            ceiling = min(ceiling, hold.demand_bytes)
+        left = budget - spent
+        if left < GRANULE:
+            return
+        if ceiling - hold.high <= left:
+            step, new, full = max(0.0, ceiling - hold.high), hold.original, True
+        else:
+            step, new, full = float(_down(left)), hold.high + _down(left), False
+        spent += step
+        metric = min(hold.reasons, key=str) if hold.reasons else lines[0].metric
+        _emit_restore(tick, usage, hold, new=new, step=step, full=full, metric=metric)
+
+
+def _emit_restore(
+    tick: Tick, usage: WorkloadUsage, hold: HeldMemory, *, new: int | None, step: float, full: bool, metric: Metric
+) -> None:
+    per_unit = tick.per_unit(metric)
+    dry = tick.guard.dry_run
+    tick.actions.append(
+        MemoryRestore(
+            workload=usage.workload,
+            metric=metric,
+            reason=("released: memory.high back to its original" if full else "memory.high raised one step")
+            + " (node calm on every memory throttle metric)",
+            gap_before=tick.gaps.throttle_up.get(metric),
+            predicted_release=-step * per_unit,
+            high=new,
+            previous=hold.high,
+            original=hold.original,
+            full=full,
+            dry_run=dry,
+        )
+    )
+    if dry:
+        return
+    if full:
+        del tick.memory[usage.workload.id]
+    else:
+        assert new is not None
+        tick.memory[usage.workload.id] = replace(hold, high=new)

@@ -1,0 +1,190 @@
+"""Throttle objectives on memory metrics: memory.high lowered precisely, kept above floors, restored stepwise."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from nodeguard.model.samples import CpuMax
+from nodeguard.model.snapshot import Snapshot, WorkloadUsage
+from nodeguard.model.workloads import QosClass
+from nodeguard.policy.actions import Evict, MemoryRestore, MemoryThrottle, Restore
+from nodeguard.policy.memory import GRANULE
+from nodeguard.policy.metrics import Metric
+from nodeguard.policy.outcome import QuotaOutcome, Refusal, Unchanged, after_pass
+from nodeguard.policy.planner import Plan, plan
+from nodeguard.policy.settings import GuardSettings
+from nodeguard.policy.state import Direction, GuardState, HeldMemory, HeldThrottle
+from tests.policy.builders import GiB, MiB, cpu_throttle, guard, snapshot, usage
+
+UTIL = Metric.MEMORY_TOTAL_UTILIZATION
+
+
+def mem(wid: str, used: int, *, high: float = math.inf, request: int | None = None, **extra: Any) -> WorkloadUsage:
+    """A workload using ``used`` bytes, its memory.high ``high`` (math.inf: "max")."""
+    found = usage(wid, memory=used, **extra)
+    workload = replace(found.workload, memory_request_bytes=request)
+    return found._replace(workload=workload, memory_high=high)
+
+
+def mem_throttle(threshold: str = "80%", restore: str = "70%", **extra: Any) -> dict[str, Any]:
+    return {"metric": "memory_total_utilization", "threshold": threshold, "restoreBelow": restore,
+            "action": "throttle", "triggerAfter": 1, "restoreAfter": 1, **extra}  # fmt: skip
+
+
+def settings(*objectives: dict[str, Any], step: float = 100.0, min_high: str = "64Mi") -> GuardSettings:
+    return guard(*objectives, memory={"stepPercent": step, "minHigh": min_high})
+
+
+def down(value: float) -> int:
+    return int(value) // GRANULE * GRANULE
+
+
+def lowered(p: Plan) -> dict[str, int]:
+    return {a.workload_id: a.high for a in p.actions if isinstance(a, MemoryThrottle)}
+
+
+def causes(p: Plan) -> set[tuple[Metric, Direction, str]]:
+    return {(b.metric, b.direction, b.cause) for b in p.blocked}
+
+
+def at(used: int, *workloads: WorkloadUsage, version: str = "v2", **node: Any) -> Snapshot:
+    """A 16 GiB node with ``used`` bytes in use."""
+    found = snapshot(workloads, memory_total=16 * GiB, memory_used=used, **node)
+    return replace(found, cgroup_version=version)
+
+
+def test_the_gap_is_closed_by_the_largest_least_important_candidate_alone() -> None:
+    """1.2 GiB past 80 % of 16 GiB: the largest BestEffort pod's memory.high goes to its usage less the gap."""
+    node = at(14 * GiB, mem("big", 4 * GiB), mem("small", GiB), mem("gold", 6 * GiB, qos=QosClass.GUARANTEED))
+    p = plan(node, GuardState(), settings(mem_throttle()))
+    gap = 14 * GiB - 0.8 * 16 * GiB
+    assert lowered(p) == {"big": down(4 * GiB - gap)}
+    [action] = [a for a in p.actions if isinstance(a, MemoryThrottle)]
+    assert action.previous is None and action.original is None
+    assert action.predicted_release is not None and action.predicted_release >= 100.0 * gap / (16 * GiB)
+    assert p.state.memory["big"].high == down(4 * GiB - gap)
+    assert p.state.memory["big"].original is None
+
+
+def test_kubelets_memory_qos_value_is_the_original() -> None:
+    """A memory.high kubelet set (Memory QoS) is lowered from, and kept as the original to give back."""
+    node = at(14 * GiB, mem("big", 4 * GiB, high=5 * GiB))
+    p = plan(node, GuardState(), settings(mem_throttle()))
+    [action] = [a for a in p.actions if isinstance(a, MemoryThrottle)]
+    assert (action.previous, action.original) == (5 * GiB, 5 * GiB)
+    assert p.state.memory["big"].original == 5 * GiB
+
+
+def test_never_below_the_request_the_next_candidate_takes_the_rest() -> None:
+    """A candidate is lowered to its memory request at most; the next one closes what is left of the gap."""
+    node = at(14 * GiB, mem("big", 4 * GiB, request=3584 * MiB), mem("next", 2 * GiB))
+    p = plan(node, GuardState(), settings(mem_throttle()))
+    gap = 14 * GiB - 0.8 * 16 * GiB
+    cuts = lowered(p)
+    assert cuts["big"] == 3584 * MiB
+    assert cuts["next"] == down(2 * GiB - (gap - 512 * MiB))
+
+
+def test_one_tick_lowers_a_candidate_by_at_most_step_percent_of_its_usage() -> None:
+    """With stepPercent 10, the largest candidate loses 10 % of its usage and the next one the rest."""
+    node = at(14 * GiB, mem("big", 4 * GiB), mem("next", 3 * GiB))
+    p = plan(node, GuardState(), settings(mem_throttle(), step=10.0))
+    assert lowered(p)["big"] == down(4 * GiB - 0.4 * GiB)
+    assert "next" in lowered(p)
+
+
+def test_candidates_at_their_floor_leave_the_gap_open_and_eviction_acts() -> None:
+    """Every candidate at minHigh: no memory.high changes, the throttle says exhausted, the evict objective evicts."""
+    evict = {"metric": "memory_total_utilization", "threshold": "85%", "action": "evict", "triggerAfter": 1}
+    node = at(15 * GiB, mem("a", 64 * MiB), mem("b", 64 * MiB), mem("gold", 14 * GiB, qos=QosClass.BURSTABLE))
+    p = plan(node, GuardState(), settings(mem_throttle(), evict, min_high="64Mi"))
+    assert lowered(p) == {"gold": down(14 * GiB - (15 * GiB - 0.8 * 16 * GiB))}
+    node = at(15 * GiB, mem("a", 64 * MiB), mem("b", 64 * MiB))
+    p = plan(node, GuardState(), settings(mem_throttle(), evict, min_high="64Mi"))
+    assert lowered(p) == {}
+    assert (UTIL, Direction.THROTTLE, "exhausted") in causes(p)
+    assert [a.workload_id for a in p.actions if isinstance(a, Evict)] == ["a"]
+
+
+def test_a_workload_held_below_its_usage_is_lowered_from_its_limit() -> None:
+    """Anonymous memory cannot shrink without swap: the next cut starts from the held value, not the usage."""
+    held = HeldMemory("big", None, 3 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
+    node = at(14 * GiB, mem("big", 4 * GiB, high=3 * GiB))
+    p = plan(node, GuardState(memory={"big": held}), settings(mem_throttle()))
+    gap = 14 * GiB - 0.8 * 16 * GiB
+    assert lowered(p) == {"big": down(3 * GiB - gap)}
+    assert p.state.memory["big"].original is None and p.state.memory["big"].since == 50.0
+
+
+def test_on_cgroup_v1_the_objective_is_blocked_with_its_cause_and_eviction_stays() -> None:
+    """A v1 node has no memory.high: the throttle line is blocked needs-cgroup-v2, the evict line still evicts."""
+    evict = {"metric": "memory_total_utilization", "threshold": "85%", "action": "evict", "triggerAfter": 1}
+    node = at(15 * GiB, mem("big", 4 * GiB, high=None), version="v1")  # type: ignore[arg-type]
+    p = plan(node, GuardState(), settings(mem_throttle(), evict))
+    assert lowered(p) == {}
+    [blocked] = [b for b in p.blocked if b.cause == "needs-cgroup-v2"]
+    assert blocked.metric is UTIL and "cgroup v2" in blocked.detail
+    assert [a.workload_id for a in p.actions if isinstance(a, Evict)] == ["big"]
+
+
+def test_a_workload_without_memory_high_is_not_a_memory_candidate() -> None:
+    """A group without the memory controller's file is passed over; the next candidate closes the gap."""
+    node = at(14 * GiB, mem("bare", 8 * GiB, high=None), mem("next", 3 * GiB))  # type: ignore[arg-type]
+    assert set(lowered(plan(node, GuardState(), settings(mem_throttle())))) == {"next"}
+
+
+def test_a_dry_run_throttle_holds_nothing() -> None:
+    """A dry-run memory objective plans the change but the state holds no memory.high."""
+    node = at(14 * GiB, mem("big", 4 * GiB))
+    p = plan(node, GuardState(), settings(mem_throttle(dryRun=True)))
+    assert [a.dry_run for a in p.actions if isinstance(a, MemoryThrottle)] == [True]
+    assert p.state.memory == {}
+
+
+def test_restore_raises_a_step_when_calm_and_releases_to_the_exact_original() -> None:
+    """Below the restore waterline memory.high rises by restoreStepPercent of node memory, then goes back whole."""
+    held = HeldMemory("big", 5 * GiB, 2 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
+    node = at(8 * GiB, mem("big", 2 * GiB, high=2 * GiB))
+    step = guard(mem_throttle(), memory={"restoreStepPercent": 5})
+    p = plan(node, GuardState(memory={"big": held}), step)
+    [first] = [a for a in p.actions if isinstance(a, MemoryRestore)]
+    assert not first.full and first.high == 2 * GiB + down(0.05 * 16 * GiB)
+    big_step = guard(mem_throttle(), memory={"restoreStepPercent": 50})
+    p = plan(node, GuardState(memory={"big": held}), big_step)
+    [last] = [a for a in p.actions if isinstance(a, MemoryRestore)]
+    assert last.full and last.high == 5 * GiB  # kubelet's value, not the demand it was capped at
+    assert p.state.memory == {}
+
+
+def test_no_restore_in_the_dead_band() -> None:
+    """Between restoreBelow and the waterline a held memory.high stays where it is, and the plan says why."""
+    held = HeldMemory("big", None, 2 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
+    node = at(12 * GiB, mem("big", 2 * GiB, high=2 * GiB))
+    p = plan(node, GuardState(memory={"big": held}), settings(mem_throttle()))
+    assert not [a for a in p.actions if isinstance(a, MemoryRestore)]
+    assert (UTIL, Direction.RESTORE, "dead-band") in causes(p)
+    assert p.state.memory["big"].high == 2 * GiB
+
+
+def test_a_refused_write_holds_the_workload_back_and_the_next_candidate_closes_the_gap() -> None:
+    """EINVAL on the first candidate's memory.high: it is held back, and planning again lowers the next one."""
+    node = at(14 * GiB, mem("big", 4 * GiB), mem("next", 3 * GiB))
+    rules = settings(mem_throttle())
+    first = plan(node, GuardState(), rules)
+    assert set(lowered(first)) == {"big"}
+    refused = Unchanged(refused={"big": Refusal("EINVAL", "memory.high", "Invalid argument")})
+    after = after_pass(first, GuardState(), QuotaOutcome(memory=refused))
+    assert set(after.refused) == {"big"} and "big" not in after.state.memory
+    again = plan(node, GuardState().with_held_back(after.refused), rules)
+    assert set(lowered(again)) == {"next"}
+
+
+def test_a_memory_throttle_does_not_hold_back_cpu_restores() -> None:
+    """Quotas held for CPU still come back while only a memory line is past its waterline."""
+    cpu = HeldThrottle("big", CpuMax(None), CpuMax(100_000, 100_000), frozenset({Metric.CPU_TOTAL_USAGE}), 10.0)
+    node = at(14 * GiB, mem("big", 4 * GiB, cores=1.0), cores_used=1.0)
+    p = plan(node, GuardState(throttles={"big": cpu}), settings(mem_throttle(), cpu_throttle(6.0, 5.0)))
+    assert [a.workload_id for a in p.actions if isinstance(a, Restore)] == ["big"]
+    assert set(lowered(p)) == {"big"}
