@@ -114,7 +114,8 @@ def test_restore_all_puts_back_every_registered_lever(tmp_path: Path) -> None:
 
 
 def test_start_restores_every_registered_lever(tmp_path: Path) -> None:
-    """onStart: restore puts every lever's original back before the first tick (host v1; v2 below)."""
+    """onStart: restore puts every lever's original back before the first tick (host v1; v2 below), and the daemon
+    says once that memory throttling needs cgroup v2."""
     hierarchy = rc.v1_cpu_hierarchy()
     ledger = tmp_path / "ledger.json"
     with one_group_per_lever(hierarchy) as (kubepods, groups):
@@ -125,6 +126,9 @@ def test_start_restores_every_registered_lever(tmp_path: Path) -> None:
             assert values(hierarchy, groups) == originals
             restored = next(e for e in daemon.events() if e.get("event") == "restored the ledger's records")
             assert restored.get("restored") == len(groups), restored
+            # v1 has no memory.high: said once at start, in one line.
+            said = [e for e in daemon.events() if "memory throttling needs cgroup v2" in str(e.get("event"))]
+            assert len(said) == 1 and said[0].get("blocked_objectives") == [], said
         finally:
             daemon.kill()
 
