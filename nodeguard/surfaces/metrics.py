@@ -180,6 +180,25 @@ class DaemonCollector(Collector):
                 for wid, held in throttles.items()
             },
         )
+        held_memory = daemon.state.memory
+        yield _gauge(
+            "nodeguard_memory_throttled_workloads",
+            "Workloads whose memory.high nodeguard holds lowered.",
+            [],
+            {(): len(held_memory)},
+        )
+        yield _gauge(
+            "nodeguard_memory_high_bytes",
+            "The memory.high nodeguard holds on a workload.",
+            ["workload"],
+            {(wid,): float(held.high) for wid, held in held_memory.items()},
+        )
+        yield _gauge(
+            "nodeguard_memory_high_original_bytes",
+            "A memory-throttled workload's original memory.high (-1: max).",
+            ["workload"],
+            {(wid,): -1.0 if held.original is None else float(held.original) for wid, held in held_memory.items()},
+        )
 
     def _actuation(self, daemon: DaemonView) -> Iterator[Metric]:
         actions = daemon.actions

@@ -85,6 +85,8 @@ def render(status: dict[str, Any]) -> Group:
         throttles.add_column(column)
     for wid, held in sorted((status.get("throttles") or {}).items()):
         throttles.add_row(wid, _cores(held["original"]), _cores(held["applied"]), held["reason"])
+    for wid, held in sorted((status.get("memory") or {}).items()):
+        throttles.add_row(wid, f"memory.high {held['original']}", f"memory.high {held['applied']}", held["reason"])
     gate = status.get("gate") or {}
     gate_table = Table(title="gate", expand=True)
     gate_table.add_column("state")

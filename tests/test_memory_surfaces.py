@@ -1,0 +1,53 @@
+"""Memory throttles are seen like CPU ones: ``nodeguard plan``, the decision trace, /metrics and Events."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from nodeguard.actuators.cgroup_writer import WriteCounters
+from nodeguard.actuators.changes import Change, Done
+from nodeguard.daemon import DaemonView
+from nodeguard.kubernetes.events import LEVER_KINDS, describe_change
+from nodeguard.policy.planner import plan
+from nodeguard.policy.state import GuardState, HeldMemory
+from nodeguard.policy.trace import plan_to_data
+from nodeguard.surfaces.metrics import Metrics
+from nodeguard.surfaces.render import render_plan
+from tests.policy.builders import GiB, snapshot
+from tests.policy.test_memory import at, mem, mem_throttle, settings
+
+
+def test_plan_and_trace_show_the_memory_high_change() -> None:
+    """The rendered plan and its JSON trace name memory.high with the value before and after."""
+    p = plan(at(14 * GiB, mem("big", 4 * GiB)), GuardState(), settings(mem_throttle()))
+    [action] = plan_to_data(p)["actions"]
+    assert (action["kind"], action["lever"], action["previous"], action["original"]) == (
+        "memory_throttle", "memory.high", "max", "max",
+    )  # fmt: skip
+    assert action["memory_high"] == p.state.memory["big"].high
+    text = render_plan(p)
+    assert "memory_throttle" in text
+    assert f"memory.high max -> {action['memory_high'] >> 20}Mi" in text
+    assert plan_to_data(p)["state"]["memory"]["big"]["memory_high"] == action["memory_high"]
+
+
+def test_metrics_export_the_held_memory_high_and_its_original() -> None:
+    """/metrics has each memory-throttled workload's memory.high and its original (-1 for max)."""
+    state = GuardState(memory={"kp/a": HeldMemory("kp/a", None, GiB, frozenset(), 1.0)})
+    view = DaemonView(None, snapshot(), state, {}, 0, WriteCounters(), 0, 1, 0, {}, {}, {}, {})
+    text = generate_latest(Metrics(lambda: view).registry).decode()
+    assert "nodeguard_memory_throttled_workloads 1.0" in text
+    assert 'nodeguard_memory_high_bytes{workload="kp/a"} 1.073741824e+09' in text
+    assert 'nodeguard_memory_high_original_bytes{workload="kp/a"} -1.0' in text
+
+
+def test_events_name_the_memory_lever_and_its_values() -> None:
+    """A memory.high change becomes a NodeguardMemoryThrottled Event whose message carries both values in MiB."""
+    p = plan(at(14 * GiB, mem("big", 4 * GiB)), GuardState(), settings(mem_throttle()))
+    [action] = p.actions
+    change = Change("memory.high", "big", str(p.state.memory["big"].high), "max", False, "memory_throttle",
+                    "memory_total_utilization", asked=action)  # type: ignore[arg-type]  # fmt: skip
+    done = Done(change, "max", change.target, 0, True)
+    assert LEVER_KINDS[("memory.high", True)][0] == "NodeguardMemoryThrottled"
+    message = describe_change(done)
+    assert "memory.high max ->" in message and "MiB" in message
