@@ -32,6 +32,9 @@ class WorkloadUsage(NamedTuple):
     throttled_cores: float | None = None
     # Its memory.high in bytes, math.inf for "max"; None where it has none (cgroup v1, no memory controller).
     memory_high: float | None = None
+    # memory.pressure totals, and its "some" stall over the last interval, percent of time (cgroup v2).
+    memory_pressure: PsiTotals | None = None
+    memory_stall_pct: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,7 @@ class NodeUsage:
     # A what-if's value for the protected workloads' worst CPU stall (percent); None: computed from the
     # workloads (policy.stall), which only the policy can do, as it knows which workloads are protected.
     protected_cpu_stall: float | None = None
+    protected_memory_stall: float | None = None  # likewise, their memory stall (memory.pressure "some")
 
     @property
     def memory_used(self) -> int | None:

@@ -27,6 +27,11 @@ exact original written back, "max" or kubelet's Memory QoS value) when the
 step reaches its original, the node's memory, or what it used when first
 throttled.
 
+protected_memory_stall: the protected workloads' own memory stall
+(memory.pressure "some") past its target lowers every candidate's memory.high
+one step (``memory_protect``), then cools down; restored like the others,
+a step and a cool-down at a time.
+
 On cgroup v1 there is no memory.high: each memory throttle line is blocked
 with cause ``needs-cgroup-v2`` and evict objectives are untouched.
 """
@@ -101,6 +106,33 @@ def memory_throttle(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> 
         tick.block(line.metric, Direction.THROTTLE, "exhausted", detail + tick.holding_note())
 
 
+def memory_protect(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> None:
+    """protected_memory_stall past its target: every candidate's memory.high comes down one step, then measure.
+
+    The stall is the protected workloads' own (memory.pressure "some": their refaults and reclaim waits), and
+    what causes it is not one candidate but whoever fills the page cache; a step on each of them makes the
+    kernel reclaim their cache first, and a cool-down lets the protected workloads' refaults say whether it was
+    enough. Non-quantified: the release of a step cannot be predicted from the stall.
+    """
+    if tick.snapshot.cgroup_version != "v2":
+        tick.block(line.metric, Direction.THROTTLE, "needs-cgroup-v2", NEEDS_V2)
+        return
+    acted = False
+    for _, usage in ranked:
+        lowered = lower_high(tick, usage, math.inf)  # a whole step: guard.memory.stepPercent of its usage
+        if lowered is None:
+            continue
+        high, release, previous = lowered
+        _emit_throttle(tick, line, usage, high=high, release=release, previous=previous, gap_before=gap,
+                       per_unit=None, how="one step to reclaim its cache first (closed loop)")  # fmt: skip
+        acted = True
+    if acted:
+        tick.cooldowns[(line.metric, Direction.THROTTLE)] = tick.guard.cooldown_ticks
+    else:
+        detail = "every candidate's memory.high is at its floor" + tick.holding_note()
+        tick.block(line.metric, Direction.THROTTLE, "exhausted", detail)
+
+
 def lower_high(tick: Tick, usage: WorkloadUsage, want: float) -> tuple[int, int, int | None] | None:
     """(the new memory.high, the bytes it may release, the value before); None at its floor or without the file."""
     if usage.memory_high is None or usage.memory_bytes is None:
@@ -132,7 +164,8 @@ def _emit_throttle(
     release: int,
     previous: int | None,
     gap_before: float,
-    per_unit: float,
+    per_unit: float | None,
+    how: str = "precisely",
 ) -> None:
     workload = usage.workload
     held = tick.memory.get(workload.id)
@@ -142,9 +175,9 @@ def _emit_throttle(
         MemoryThrottle(
             workload=workload,
             metric=line.metric,
-            reason=f"{line.metric} past {fmt(line.threshold)} ({line.objective}): lower memory.high precisely",
+            reason=f"{line.metric} past {fmt(line.threshold)} ({line.objective}): lower memory.high {how}",
             gap_before=gap_before,
-            predicted_release=release * per_unit,
+            predicted_release=None if per_unit is None else release * per_unit,
             release_bytes=release,
             high=high,
             previous=previous,
@@ -173,13 +206,18 @@ def memory_restore(tick: Tick, lines: Sequence[Waterline]) -> None:
             tick.block(line.metric, Direction.RESTORE, "throttling", f"{line.metric} is past its waterline")
             return
     budget = tick.guard.memory.restore_step_percent / 100.0 * tick.node_memory()
+    paced: list[Metric] = []
     for line in lines:
         if not _calm(tick, line):
             return
         up = tick.gaps.throttle_up.get(line.metric)
-        if up is not None:
+        if not line.quantified:
+            paced.append(line.metric)  # a step, then the protected workloads' stall is measured again
+        elif up is not None:
             budget = min(budget, up / tick.per_unit(line.metric))
-    _raise(tick, budget, lines)
+    if _raise(tick, budget, lines):
+        for metric in paced:
+            tick.cooldowns[(metric, Direction.RESTORE)] = tick.guard.cooldown_ticks
 
 
 def _calm(tick: Tick, line: Waterline) -> bool:
@@ -198,14 +236,19 @@ def _calm(tick: Tick, line: Waterline) -> bool:
         detail = f"below the restore waterline {streak}/{line.restore_after} ticks"
         tick.block(line.metric, Direction.RESTORE, "confirming", detail)
         return False
+    if key in tick.cooling:
+        tick.block(line.metric, Direction.RESTORE, "cooldown", "measuring the effect of the last restore")
+        return False
     return True
 
 
-def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> None:
+def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
+    """Raise held values within ``budget`` bytes, most important first; whether any was raised."""
     held = [tick.workloads[wid] for wid in tick.memory if wid not in tick.evictions]
     # Most important first.
     held.sort(key=lambda u: (QOS_RANK[u.workload.qos_class], -u.workload.priority, u.workload.id))
     spent = 0.0
+    raised = False
     node = tick.node_memory()
     for usage in held:
         hold = tick.memory[usage.workload.id]
@@ -214,7 +257,7 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> None:
             ceiling = min(ceiling, hold.demand_bytes)
         left = budget - spent
         if left < GRANULE:
-            return
+            return raised
         if ceiling - hold.high <= left:
             step, new, full = max(0.0, ceiling - hold.high), hold.original, True
         else:
@@ -222,12 +265,14 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> None:
         spent += step
         metric = min(hold.reasons, key=str) if hold.reasons else lines[0].metric
         _emit_restore(tick, usage, hold, new=new, step=step, full=full, metric=metric)
+        raised = True
+    return raised
 
 
 def _emit_restore(
     tick: Tick, usage: WorkloadUsage, hold: HeldMemory, *, new: int | None, step: float, full: bool, metric: Metric
 ) -> None:
-    per_unit = tick.per_unit(metric)
+    per_unit = tick.per_unit(metric) if CAPABILITIES[metric].throttle_quantified else None
     dry = tick.guard.dry_run
     tick.actions.append(
         MemoryRestore(
@@ -236,7 +281,7 @@ def _emit_restore(
             reason=("released: memory.high back to its original" if full else "memory.high raised one step")
             + " (node calm on every memory throttle metric)",
             gap_before=tick.gaps.throttle_up.get(metric),
-            predicted_release=-step * per_unit,
+            predicted_release=None if per_unit is None else -step * per_unit,
             high=new,
             previous=hold.high,
             original=hold.original,

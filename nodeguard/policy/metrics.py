@@ -30,6 +30,7 @@ class Metric(StrEnum):
     CPU_PRESSURE = "cpu_pressure"
     LOAD_AVERAGE = "load_average"
     PROTECTED_CPU_STALL = "protected_cpu_stall"
+    PROTECTED_MEMORY_STALL = "protected_memory_stall"
 
 
 class Resource(StrEnum):
@@ -239,6 +240,21 @@ CAPABILITIES: dict[Metric, Capability] = {
             read=lambda node: node.protected_cpu_stall,
             capacity=_hundred,
             override=lambda node, value: dataclasses.replace(node, protected_cpu_stall=value),
+            protected=True,
+        ),
+        Capability(
+            Metric.PROTECTED_MEMORY_STALL,
+            Unit.PERCENT,
+            Resource.MEMORY,
+            throttleable=True,  # lowers the candidates' memory.high (policy.memory), cgroup v2 only
+            throttle_quantified=False,
+            evictable=False,
+            evict_quantified=False,
+            sort_by=_MEMORY_SORT,
+            compressible=False,
+            read=lambda node: node.protected_memory_stall,
+            capacity=_hundred,
+            override=lambda node, value: dataclasses.replace(node, protected_memory_stall=value),
             protected=True,
         ),
     )

@@ -37,7 +37,7 @@ from nodeguard.model.snapshot import Snapshot
 from nodeguard.policy.actions import Action, Blocked, Reweigh
 from nodeguard.policy.evict import evict
 from nodeguard.policy.gaps import Gaps
-from nodeguard.policy.memory import is_memory, memory_restore, memory_throttle
+from nodeguard.policy.memory import is_memory, memory_protect, memory_restore, memory_throttle
 from nodeguard.policy.metrics import CAPABILITIES, Metric
 from nodeguard.policy.protect import CONTENDED_CORES
 from nodeguard.policy.protect_levers import Protection
@@ -109,7 +109,9 @@ def plan(snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> Plan:
             if gap is None:
                 continue
             ranked = tick.ranked(line.sort_by)
-            if CAPABILITIES[line.metric].protected:
+            if line.metric is Metric.PROTECTED_MEMORY_STALL:
+                memory_protect(tick, line, gap, ranked)
+            elif CAPABILITIES[line.metric].protected:
                 protection.lever(line, gap, ranked)
             elif is_memory(line):
                 memory_throttle(tick, line, gap, ranked)

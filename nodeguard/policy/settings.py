@@ -73,8 +73,8 @@ class Objective(Model):
     protect: list[str] | None = Field(
         None,
         min_length=1,
-        description="protected_cpu_stall only: the workloads it protects, as glob patterns on their name or cgroup "
-        "path; default: Guaranteed pods and groups configured protected",
+        description="protected_cpu_stall and protected_memory_stall only: the workloads it protects, as glob "
+        "patterns on their name or cgroup path; default: Guaranteed pods and groups configured protected",
     )
 
     @field_validator("action")
@@ -115,7 +115,8 @@ class Objective(Model):
         if self.protect is not None and not CAPABILITIES[self.metric].protected:
             raise PydanticCustomError(
                 "protect_without_stall",
-                "protect selects the workloads a protected_cpu_stall objective protects; {metric} is a node metric",
+                "protect selects the workloads a protected_cpu_stall or protected_memory_stall objective protects; "
+                "{metric} is a node metric",
                 {"metric": str(self.metric)},
             )
         return self

@@ -10,7 +10,7 @@ why). It is scratch for one call and never outlives it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
@@ -39,17 +39,21 @@ def first_reason(metrics: frozenset[Metric]) -> Metric:
 
 
 class Readings(Mapping[Metric, float | None]):
-    """Every metric's node value, in its unit; protected_cpu_stall, which takes every protected workload's stall,
-    is worked out when first asked for (a what-if value is used as given)."""
+    """Every metric's node value, in its unit; protected_cpu_stall and protected_memory_stall, which take every
+    protected workload's stall, are worked out when first asked for (a what-if value is used as given)."""
 
-    def __init__(self, node: NodeUsage, stalls: ProtectedStalls) -> None:
+    def __init__(self, node: NodeUsage, stalls: ProtectedStalls, memory: Callable[[], float | None]) -> None:
         self._values = {metric: cap.read(node) for metric, cap in CAPABILITIES.items()}
         self._stalls = stalls if self._values[Metric.PROTECTED_CPU_STALL] is None else None
+        self._memory = memory if self._values[Metric.PROTECTED_MEMORY_STALL] is None else None
 
     def __getitem__(self, metric: Metric) -> float | None:
         if metric is Metric.PROTECTED_CPU_STALL and self._stalls is not None:
             self._values[metric] = self._stalls.reading()
             self._stalls = None
+        if metric is Metric.PROTECTED_MEMORY_STALL and self._memory is not None:
+            self._values[metric] = self._memory()
+            self._memory = None
         return self._values[metric]
 
     def __iter__(self) -> Iterator[Metric]:
@@ -76,7 +80,9 @@ class Tick:
         self.stall_line = self.lines.get((Metric.PROTECTED_CPU_STALL, "throttle"))
         self.protect = self.stall_line.protect if self.stall_line is not None else ()
         self.stalls = ProtectedStalls(self.workloads, self.protect)
-        self.readings = Readings(self.node, self.stalls)
+        self.memory_line = self.lines.get((Metric.PROTECTED_MEMORY_STALL, "throttle"))
+        self.memory_protect = self.memory_line.protect if self.memory_line is not None else ()
+        self.readings = Readings(self.node, self.stalls, self._memory_stall)
         self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
         self.margin = guard.target_margin_percent / 100.0 * self.node.cpus
 
@@ -125,6 +131,15 @@ class Tick:
         self.last_eviction = dict(state.last_eviction)
 
     # --- readings and streaks ------------------------------------------------------
+
+    def _memory_stall(self) -> float | None:
+        """The worst protected workload's memory stall (memory.pressure "some", percent); 0 with nothing
+        protected, None while every protected workload is too new to have one."""
+        found = [u for u in self.workloads.values() if is_protected(u.workload, self.memory_protect)]
+        known = [u.memory_stall_pct for u in found if u.memory_stall_pct is not None]
+        if known:
+            return max(known)
+        return None if found else 0.0
 
     def per_unit(self, metric: Metric) -> float:
         scale = CAPABILITIES[metric].per_resource_unit
@@ -189,6 +204,7 @@ class Tick:
                 if not u.workload.protected
                 and u.workload.metadata_known
                 and not (self.protect and is_protected(u.workload, self.protect))
+                and not (self.memory_line is not None and is_protected(u.workload, self.memory_protect))
                 and u.workload.qos_class in classes
                 and (below is None or u.workload.priority < below)
                 and wid not in pending

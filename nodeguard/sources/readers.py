@@ -42,9 +42,10 @@ _GONE_ERRNOS = frozenset({errno.ENOENT, errno.ENODEV, errno.ESTALE})
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC
 _BUFSIZE = 4096
 
-# cpu.stat, the CPU limit, cpu.pressure totals, memory in use, and the run-queue waits of its
-# threads since the last sample (None when not followed).
-RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None, Waits | None, float | None]
+# cpu.stat, the CPU limit, cpu.pressure totals, memory in use, the run-queue waits of its
+# threads since the last sample (None when not followed), memory.high (math.inf: "max"; None:
+# no such file) and memory.pressure totals (cgroup v2 only).
+RawSample = tuple[CpuStat, CpuMax | None, PsiTotals | None, int | None, Waits | None, float | None, PsiTotals | None]
 
 
 def open_optional(path: str) -> int:
@@ -122,7 +123,7 @@ def _follow(waits: TaskWait | None, threads: bool) -> Waits | None:
 class V2Reader:
     """cgroup v2: cpu.stat (required), cpu.max, cpu.pressure, memory.current; its threads' run-queue wait."""
 
-    __slots__ = ("_high", "_last", "_max", "_mem", "_psi", "_stat", "_wait", "path")
+    __slots__ = ("_high", "_last", "_max", "_mem", "_mem_psi", "_psi", "_stat", "_wait", "path")
 
     # A file whose bytes did not change since the last tick parses to the same
     # value: reuse it. Idle cgroups (sandboxes, sleeping services) are common,
@@ -142,6 +143,7 @@ class V2Reader:
         self._psi = open_optional(path + "/cpu.pressure")
         self._mem = open_optional(path + "/memory.current")
         self._high = open_optional(path + "/memory.high")
+        self._mem_psi = open_optional(path + "/memory.pressure")
         self._wait = TaskWait(subtree(path), proc_root, "cgroup.threads") if proc_root is not None else None
 
     def rescan(self) -> None:
@@ -159,6 +161,7 @@ class V2Reader:
             psi = pread(self._psi, _BUFSIZE, 0) if self._psi != _ABSENT else None
             memory = pread(self._mem, _BUFSIZE, 0) if self._mem != _ABSENT else None
             high = pread(self._high, _BUFSIZE, 0) if self._high != _ABSENT else None
+            mem_psi = pread(self._mem_psi, _BUFSIZE, 0) if self._mem_psi != _ABSENT else None
         except OSError as exc:
             if exc.errno in _GONE_ERRNOS:
                 raise CgroupGone(self.path) from None
@@ -173,7 +176,8 @@ class V2Reader:
         self._last = (stat, cpu, limit, cpu_max, psi, totals)
         waits = _follow(self._wait, threads)
         used = int(memory) if memory and memory.strip() else None
-        return cpu, cpu_max, totals, used, waits, _memory_high(high)
+        memory_psi = parse_psi_totals(mem_psi.decode()) if mem_psi and mem_psi.strip() else None
+        return cpu, cpu_max, totals, used, waits, _memory_high(high), memory_psi
 
     def details(self) -> CgroupDetails:
         return read_details_v2(self.path)
@@ -181,8 +185,8 @@ class V2Reader:
     def close(self) -> None:
         if self._wait is not None:
             self._wait.close()
-        _close_all([self._stat, self._max, self._psi, self._mem, self._high])
-        self._stat = self._max = self._psi = self._mem = self._high = _ABSENT
+        _close_all([self._stat, self._max, self._psi, self._mem, self._high, self._mem_psi])
+        self._stat = self._max = self._psi = self._mem = self._high = self._mem_psi = _ABSENT
 
 
 def read_detail(path: str) -> str | None:
@@ -256,7 +260,7 @@ class V1Reader:
         memory_text = _other_hierarchy(self._mem)
         psi = parse_psi_totals(psi_text) if psi_text else None
         used = int(memory_text) if memory_text else None
-        return cpu, cpu_max, psi, used, _follow(self._wait, threads), None  # v1 has no memory.high
+        return cpu, cpu_max, psi, used, _follow(self._wait, threads), None, None  # v1: no memory.high, no PSI
 
     def details(self) -> CgroupDetails:
         procs = read_text(self.path + "/cgroup.procs")

@@ -129,7 +129,7 @@ class Sensor:
             # Threads are followed only where there is CPU use to speak of (or none known yet).
             threads = old is None or old.cores is None or old.cores >= ACTIVE_CORES
             try:
-                cpu, cpu_max, psi, memory, waits, high = reader.sample(threads)
+                cpu, cpu_max, psi, memory, waits, high, memory_psi = reader.sample(threads)
             except CgroupGone:
                 gone.append(workload_id)
                 continue
@@ -137,7 +137,7 @@ class Sensor:
                 self.skipped += 1
                 self._warn(workload_id, "workload skipped this tick", exc)
                 continue
-            cores = throttled = stall = waiting = starved = throttled_cores = None
+            cores = throttled = stall = waiting = starved = throttled_cores = memory_stall = None
             if old is not None and usec > 0:
                 old_cpu = old.cpu
                 used = cpu.usage_usec - old_cpu.usage_usec
@@ -154,6 +154,10 @@ class Sensor:
                     some, old_some = psi.some_usec, old.cpu_pressure.some_usec
                     if some is not None and old_some is not None and some >= old_some:
                         stall = 100.0 * (some - old_some) / usec
+                if memory_psi is not None and old.memory_pressure is not None:
+                    some, old_some = memory_psi.some_usec, old.memory_pressure.some_usec
+                    if some is not None and old_some is not None and some >= old_some:
+                        memory_stall = 100.0 * (some - old_some) / usec
             if waits is not None and waits.interval_ns > 0:
                 waiting = waits.waited_ns / waits.interval_ns
                 starved = waits.starved_ns / waits.interval_ns
@@ -162,8 +166,9 @@ class Sensor:
                 if throttled_cores is None or inner > throttled_cores:
                     throttled_cores = inner
             usages[workload_id] = make(
-                workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved, throttled_cores, high
-            )
+                workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved, throttled_cores, high,
+                memory_psi, memory_stall,
+            )  # fmt: skip
         for workload_id in gone:
             self._drop(workload_id)
         snapshot = Snapshot(

@@ -188,3 +188,64 @@ def test_a_memory_throttle_does_not_hold_back_cpu_restores() -> None:
     p = plan(node, GuardState(throttles={"big": cpu}), settings(mem_throttle(), cpu_throttle(6.0, 5.0)))
     assert [a.workload_id for a in p.actions if isinstance(a, Restore)] == ["big"]
     assert set(lowered(p)) == {"big"}
+
+
+def mem_protect(threshold: float = 10.0, restore: float = 2.0, **extra: Any) -> dict[str, Any]:
+    return {"metric": "protected_memory_stall", "threshold": threshold, "restoreBelow": restore,
+            "action": "throttle", "triggerAfter": 1, "restoreAfter": 1, **extra}  # fmt: skip
+
+
+def gold(stall: float | None) -> WorkloadUsage:
+    """A Guaranteed pod re-reading its files, stalled ``stall`` % of the last tick on memory."""
+    return mem("gold", GiB, qos=QosClass.GUARANTEED)._replace(memory_stall_pct=stall)
+
+
+def test_a_protected_pods_memory_stall_lowers_every_candidates_memory_high_one_step() -> None:
+    """The protected pod stalled 30 % on memory: each streaming candidate loses stepPercent of its usage, then the
+    line cools down."""
+    node = at(6 * GiB, gold(30.0), mem("stream-a", 2 * GiB), mem("stream-b", GiB))
+    p = plan(node, GuardState(), settings(mem_protect(), step=25.0))
+    assert lowered(p) == {"stream-a": down(1.5 * GiB), "stream-b": down(0.75 * GiB)}
+    assert p.readings[Metric.PROTECTED_MEMORY_STALL] == 30.0
+    assert p.state.cooldowns[(Metric.PROTECTED_MEMORY_STALL, Direction.THROTTLE)] > 0
+    again = plan(node, p.state, settings(mem_protect(), step=25.0))
+    assert lowered(again) == {}
+    assert (Metric.PROTECTED_MEMORY_STALL, Direction.THROTTLE, "cooldown") in causes(again)
+
+
+def test_the_stall_is_the_protected_workloads_own_not_the_candidates() -> None:
+    """A candidate's own memory stall (it is the one being held back) never reads as harm."""
+    candidate = mem("stream", 2 * GiB)._replace(memory_stall_pct=80.0)
+    p = plan(at(6 * GiB, gold(1.0), candidate), GuardState(), settings(mem_protect()))
+    assert p.readings[Metric.PROTECTED_MEMORY_STALL] == 1.0
+    assert lowered(p) == {}
+
+
+def test_a_workload_the_objective_protects_by_name_is_no_candidate() -> None:
+    """protect patterns choose who is protected: a BestEffort pod named by them is never lowered, and its stall
+    is the one read."""
+    mine = mem("cache-reader", GiB)._replace(memory_stall_pct=40.0)
+    node = at(6 * GiB, mine, mem("stream", 2 * GiB))
+    p = plan(node, GuardState(), settings(mem_protect(protect=["cache-*"])))
+    assert set(lowered(p)) == {"stream"}
+
+
+def test_memory_stall_holds_come_back_a_step_at_a_time_once_calm() -> None:
+    """Below restoreBelow a held memory.high rises one step and the restore cools down before the next."""
+    held = HeldMemory("stream", None, GiB, frozenset({Metric.PROTECTED_MEMORY_STALL}), 50.0, 2 * GiB)
+    node = at(6 * GiB, gold(0.5), mem("stream", GiB, high=GiB))
+    rules = guard(mem_protect(), memory={"restoreStepPercent": 1})
+    p = plan(node, GuardState(memory={"stream": held}), rules)
+    [step] = [a for a in p.actions if isinstance(a, MemoryRestore)]
+    assert not step.full and step.high == GiB + down(0.01 * 16 * GiB) and step.predicted_release is None
+    again = plan(node, p.state, rules)
+    assert not [a for a in again.actions if isinstance(a, MemoryRestore)]
+    assert (Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "cooldown") in causes(again)
+
+
+def test_protected_memory_needs_cgroup_v2_too() -> None:
+    """On v1 (no memory.pressure per cgroup, no memory.high) the protected-memory line is blocked with its cause."""
+    node = at(6 * GiB, gold(30.0), mem("stream", 2 * GiB, high=None), version="v1")  # type: ignore[arg-type]
+    p = plan(node, GuardState(), settings(mem_protect()))
+    assert lowered(p) == {}
+    assert (Metric.PROTECTED_MEMORY_STALL, Direction.THROTTLE, "needs-cgroup-v2") in causes(p)

@@ -106,7 +106,7 @@ def test_empty_v1_memory_usage_keeps_the_cpu_sample(tmp_path: Path) -> None:
     (memory / "memory.usage_in_bytes").write_text("")
     reader = V1Reader(str(cpu), str(cpuacct), str(memory), None)
     try:
-        stat, _, _, used, _ = reader.sample()
+        stat, _, _, used, *_ = reader.sample()
         (memory / "memory.usage_in_bytes").write_text("65536\n")
         again = reader.sample()
     finally:
@@ -127,7 +127,7 @@ def test_v1_memory_group_removed_first_keeps_the_cpu_sample() -> None:
         try:
             assert reader.sample()[3] is not None
             memory.rmdir()
-            stat, _, _, used, _ = reader.sample()
+            stat, _, _, used, *_ = reader.sample()
         finally:
             reader.close()
     assert used is None and stat.usage_usec >= 0
@@ -160,7 +160,7 @@ def test_v2_cgroup_removed_mid_read_is_gone(kind: str) -> None:
     with rc.cgroups(mount / rc.unique_name()) as [group]:
         reader = V2Reader(str(group))
         try:
-            cpu, _, _, memory, _ = reader.sample()
+            cpu, _, _, memory, *_ = reader.sample()
             assert cpu.usage_usec >= 0
             assert reader.details().procs == ()
             if kind == "pure":  # the memory controller's files are there to read, and to lose
