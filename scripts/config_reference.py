@@ -99,6 +99,8 @@ UNITS = {
     "restoreBelow": "the metric's",
     "minRate": "starts per second",
     "maxRate": "starts per second",
+    "minHigh": "bytes",
+    "stepPercent": "% of its usage",
 }
 
 METRIC_MEANINGS = {
@@ -110,10 +112,16 @@ METRIC_MEANINGS = {
     Metric.LOAD_AVERAGE: "the 1-minute load average per core",
     Metric.PROTECTED_CPU_STALL: "the protected workloads' own CPU stall (runnable, not running; their own CFS "
     "throttling taken off); the worst one drives it. See [Protecting important workloads](../protect.md)",
+    Metric.PROTECTED_MEMORY_STALL: 'the protected workloads\' own memory stall (`memory.pressure` "some": their '
+    "refaults and reclaim waits, cgroup v2); the worst one drives it. See [Memory](../memory.md)",
 }
 METRIC_NOTES = {
-    Metric.MEMORY_TOTAL_USAGE: "memory cannot be throttled",
-    Metric.MEMORY_TOTAL_UTILIZATION: "memory cannot be throttled",
+    Metric.MEMORY_TOTAL_USAGE: "throttle lowers `memory.high` (cgroup v2 only; on v1 the objective is blocked "
+    "`needs-cgroup-v2` and only evict acts)",
+    Metric.MEMORY_TOTAL_UTILIZATION: "throttle lowers `memory.high` (cgroup v2 only; on v1 the objective is "
+    "blocked `needs-cgroup-v2` and only evict acts)",
+    Metric.PROTECTED_MEMORY_STALL: "throttle only, cgroup v2 only: every candidate's `memory.high` comes down one "
+    "`guard.memory.stepPercent` step, then `cooldownTicks`; takes `protect` patterns",
     Metric.CPU_PRESSURE: "never throttled: a CFS-throttled task stays runnable, so nodeguard's own throttles "
     "raise it; `check-config` refuses an evict on it beside any throttle objective",
     Metric.PROTECTED_CPU_STALL: "throttle only: it lowers the competing groups' CPU weight first, "
@@ -314,6 +322,8 @@ def render() -> str:
         out.append("")
         if path == "guard.objectives":
             out += objective_tables()
+        if path == "guard.memory":
+            out += MEMORY_EXAMPLE
     out += [
         "## Comparators",
         "",
@@ -328,6 +338,46 @@ def render() -> str:
         out.append(f"| `{name}` | {COMPARATOR_MEANINGS[name]} |")
     out.append("")
     return "\n".join(out)
+
+
+MEMORY_EXAMPLE = [
+    "#### Worked example: memory",
+    "",
+    "```json",
+    '{"global": {"guard": {',
+    '  "objectives": [',
+    '    {"name": "memory-high-water", "metric": "memory_total_utilization", "action": "throttle",',
+    '     "threshold": "85%", "restoreBelow": "75%"},',
+    '    {"name": "memory-last-resort", "metric": "memory_total_utilization", "action": "evict", "threshold": "95%"},',
+    '    {"name": "cache-reader", "metric": "protected_memory_stall", "action": "throttle",',
+    '     "threshold": 10, "restoreBelow": 2, "protect": ["*cache-reader*"]}',
+    "  ],",
+    '  "memory": {"minHigh": "128Mi", "stepPercent": 20, "restoreStepPercent": 5}',
+    "}}}",
+    "```",
+    "",
+    "On a cgroup v2 node with 64 GiB, 57 GiB in use (89.1 %), two BestEffort pods `batch-a` (12 GiB) and "
+    "`batch-b` (6 GiB) and a Guaranteed pod (20 GiB): `memory-high-water` is 4.06 % (2.6 GiB) past its waterline, "
+    "and the guard aims `targetMarginPercent` (1 %, 0.64 GiB) below it: 3.24 GiB to hold back. The memory order "
+    "puts `batch-a` first; `stepPercent` 20 lets its `memory.high` come down 2.4 GiB this tick, to 9.6 GiB; "
+    "`batch-b` takes the remaining 0.84 GiB, to 5.16 GiB (values are whole 64 KiB units). The Guaranteed pod is "
+    "no candidate. `nodeguard plan` shows both as `memory_throttle` with `memory.high max -> 9830Mi` and "
+    "`-> 5284Mi`.",
+    "",
+    "Above `memory.high` the kernel reclaims the pods' page cache and makes their allocations wait; it does not "
+    "kill them. Anonymous memory without swap cannot be reclaimed, so a pod that keeps allocating is held "
+    "where it is rather than shrunk: if the node still reaches 95 %, `memory-last-resort` evicts. Once memory "
+    "is below 75 % for `restoreAfter` ticks, the values rise by at most 5 % of node memory (3.2 GiB) a tick in "
+    "all, most important first, and each goes back to its exact original (`max`, or kubelet's Memory QoS "
+    "value) when the step reaches it or what the pod used when first throttled.",
+    "",
+    "`cache-reader` watches the pods matching `*cache-reader*` (no candidates then, whatever their class): when "
+    'their own `memory.pressure` "some" is over 10 % of a tick, every candidate\'s `memory.high` comes down one '
+    "20 % step and the line waits `cooldownTicks` before measuring again, so the streaming pods' page cache is "
+    "reclaimed before the reader's. On cgroup v1 both throttle objectives are blocked `needs-cgroup-v2` "
+    "(`nodeguard plan` says so, and the daemon says it once at start) and `memory-last-resort` still evicts.",
+    "",
+]
 
 
 def objective_tables() -> list[str]:
@@ -358,7 +408,8 @@ def objective_tables() -> list[str]:
         "|---|---|---|",
         "| `throttle` | lowers the CPU quota (`cpu.max`, v1 `cpu.cfs_quota_us`) of the least important candidates, "
         "only as many and as far as needed, never below `minQuotaCores`; restores them below `restoreBelow` "
-        "(for `protected_cpu_stall`: lowers competing groups' CPU weight first) "
+        "(for `protected_cpu_stall`: lowers competing groups' CPU weight first); on memory metrics it lowers "
+        "`memory.high` instead (cgroup v2), never below the request or `guard.memory.minHigh` "
         f"| {', '.join(f'`{m}`' for m, c in CAPABILITIES.items() if c.throttleable and not c.raised_by_throttling)} |",
         "| `evict` | makes the least important candidates leave (the Eviction API on Kubernetes, or the cgroup: "
         "SIGTERM, grace, kill), within `guard.evictions` "
