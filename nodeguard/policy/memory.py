@@ -15,9 +15,12 @@ What a lowered memory.high releases is what the kernel can reclaim: page
 cache at once, anonymous memory only with swap. Without swap a workload
 whose anonymous memory grows is held where it is (its allocations wait), so
 the node stops growing even where nothing is released; the prediction is
-the most it can give. When the candidates are at their floors the gap stays
-open and is reported (``exhausted``); evict objectives, whose waterline is
-higher, remain the last resort.
+the most it can give. A workload whose usage stays above its memory.high is
+not lowered again: the kernel could not reclaim down to it, so a lower value
+releases nothing and only adds reclaim work and waiting. When the candidates
+are at their floors, or held like that, the gap stays open and is reported
+(``exhausted``); evict objectives, whose waterline is higher, remain the last
+resort.
 
 Restore (increase slowly): once every memory throttle metric has been below
 its restore waterline for restoreAfter ticks, held values rise by at most
@@ -53,6 +56,8 @@ from nodeguard.policy.waterlines import Waterline
 
 # memory.high values are multiples of this: whole pages on 4, 16 and 64 KiB page kernels (the lever refuses others).
 GRANULE = 64 << 10
+# How far usage may sit above memory.high (the kernel charges in batches) and still count as reclaimed down to it.
+OVER_SLACK = 1 << 20
 NEEDS_V2 = (
     "memory throttling writes memory.high, which needs cgroup v2 (cgroup v1's memory limits invoke the OOM "
     "killer); on this node only evict objectives act on memory"
@@ -141,7 +146,11 @@ def lower_high(tick: Tick, usage: WorkloadUsage, want: float) -> tuple[int, int,
     held = tick.memory.get(wid)
     previous = held.high if held is not None else as_bytes(usage.memory_high)
     used = usage.memory_bytes
-    # A workload already held below what it uses (anonymous memory, no swap) goes on from its limit.
+    if previous is not None and used > previous + OVER_SLACK:
+        # Above its memory.high the kernel reclaims all it can and makes the workload wait: what is left
+        # (anonymous memory without swap) a lower value cannot release either, and more reclaim and waiting
+        # inside the workload would only cost CPU (bench/memory.py: the protected pod's tail). It is held.
+        return None
     base = used if previous is None else min(used, previous)
     floor = floor_of(tick, usage)
     room = base - floor

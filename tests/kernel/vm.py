@@ -52,7 +52,9 @@ BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 # Roots of the module dependency closure the guest needs: virtio PCI transport,
 # 9p over virtio, overlayfs. Their dependencies are resolved from modules.dep,
 # so kernels that build some of them in or split them differently still work.
-ROOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay")
+# virtio_blk and ext4 (which mounts ext2 too): a disk image given to run_in_vm appears as /dev/vda, a real block
+# device with the guest's own page cache (bench/memory.py's cache scenario; tmpfs and 9p would not do).
+ROOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_blk", "ext4")
 
 # -M microvm hung one boot in four calibrating the TSC under TCG; pc did not.
 MACHINE_ARGS = ("-M", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2")
@@ -430,6 +432,7 @@ def run_in_vm(
     out_dir: Path | None = None,
     memory_mb: int = DEFAULT_MEMORY_MB,
     echo: IO[bytes] | None = None,
+    disk: Path | None = None,
 ) -> VMResult:
     """Run ``argv`` as root in a fresh VM with a pure cgroup v2 kernel; return its status.
 
@@ -438,7 +441,8 @@ def run_in_vm(
     the host side of the writable share (a new temporary directory when
     omitted; the caller removes it). ``echo`` receives the console live.
     Raises VMError when the guest does not finish the command, VMTimeout when
-    it runs past ``timeout`` seconds.
+    it runs past ``timeout`` seconds. ``disk``: a raw image the guest sees as
+    /dev/vda (virtio-blk).
     """
     if not argv:
         raise ValueError("argv must not be empty")
@@ -468,6 +472,8 @@ def run_in_vm(
         "-device", "virtio-9p-pci,fsdev=out,mount_tag=nodeguardout",
         "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=0x04",
     ]  # fmt: skip
+    if disk is not None:
+        qemu_argv += ["-drive", f"file={_qemu_escape(Path(disk))},format=raw,if=virtio"]
     console_bytes = bytearray()
     started = time.monotonic()
     with tempfile.TemporaryFile() as qemu_stderr:

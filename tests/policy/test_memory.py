@@ -108,10 +108,20 @@ def test_candidates_at_their_floor_leave_the_gap_open_and_eviction_acts() -> Non
     assert [a.workload_id for a in p.actions if isinstance(a, Evict)] == ["a"]
 
 
-def test_a_workload_held_below_its_usage_is_lowered_from_its_limit() -> None:
-    """Anonymous memory cannot shrink without swap: the next cut starts from the held value, not the usage."""
+def test_a_workload_the_kernel_could_not_reclaim_down_to_its_limit_is_not_lowered_again() -> None:
+    """Usage above a held memory.high (anonymous memory, no swap): a lower value releases nothing, so the next
+    candidate is lowered and the hold stays as it is."""
     held = HeldMemory("big", None, 3 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
-    node = at(14 * GiB, mem("big", 4 * GiB, high=3 * GiB))
+    node = at(14 * GiB, mem("big", 4 * GiB, high=3 * GiB), mem("next", 2 * GiB))
+    p = plan(node, GuardState(memory={"big": held}), settings(mem_throttle()))
+    assert set(lowered(p)) == {"next"}
+    assert p.state.memory["big"] == held
+
+
+def test_a_held_workload_that_was_reclaimed_down_is_lowered_from_its_limit() -> None:
+    """Usage at its held memory.high (the kernel reclaimed its cache): the next cut starts from the held value."""
+    held = HeldMemory("big", None, 3 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
+    node = at(14 * GiB, mem("big", 3 * GiB, high=3 * GiB))
     p = plan(node, GuardState(memory={"big": held}), settings(mem_throttle()))
     gap = 14 * GiB - 0.8 * 16 * GiB
     assert lowered(p) == {"big": down(3 * GiB - gap)}
