@@ -385,16 +385,20 @@ def cache(strategy: str, files: dict[str, list[Path]], workdir: Path, seconds: f
 def run(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="ngmem-"))
     result: dict[str, Any] = {"scenarios": {}}
+    if "growth" in (args.scenario or SCENARIOS):
+        result["scenarios"]["growth"] = growth_all(args, workdir)
     if "cache" in (args.scenario or SCENARIOS):
-        files = prepare_disk()
+        try:
+            files = prepare_disk()
+        except (OSError, subprocess.CalledProcessError) as exc:  # reported in the figures, the growth kept
+            result["scenarios"]["cache"] = {"error": f"cannot prepare the disk: {exc}"}
+            return result
         cache_figures: dict[str, Any] = {}
         for strategy in args.cache_strategy or CACHE_STRATEGIES:
             print(f"cache: {strategy}", file=sys.stderr, flush=True)
             cache_figures[strategy] = cache(strategy, files, workdir, args.seconds)
             print(json.dumps({strategy: cache_figures[strategy]}), file=sys.stderr, flush=True)
         result["scenarios"]["cache"] = cache_figures
-    if "growth" in (args.scenario or SCENARIOS):
-        result["scenarios"] = {"growth": growth_all(args, workdir), **result["scenarios"]}
     return result
 
 

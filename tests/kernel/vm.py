@@ -52,9 +52,10 @@ BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 # Roots of the module dependency closure the guest needs: virtio PCI transport,
 # 9p over virtio, overlayfs. Their dependencies are resolved from modules.dep,
 # so kernels that build some of them in or split them differently still work.
-# virtio_blk and ext4 (which mounts ext2 too): a disk image given to run_in_vm appears as /dev/vda, a real block
-# device with the guest's own page cache (bench/memory.py's cache scenario; tmpfs and 9p would not do).
-ROOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_blk", "ext4")
+# virtio_blk, ext4 (which mounts ext2 too) and the crc32c driver ext4 needs at mount: a disk image given to
+# run_in_vm appears as /dev/vda, a real block device with the guest's own page cache (bench/memory.py's cache
+# scenario; tmpfs and 9p would not do).
+ROOT_MODULES = ("virtio_pci", "9pnet_virtio", "9p", "overlay", "virtio_blk", "crc32c_generic", "ext4")
 
 # -M microvm hung one boot in four calibrating the TSC under TCG; pc did not.
 MACHINE_ARGS = ("-M", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2")
