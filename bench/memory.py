@@ -93,14 +93,14 @@ blocks = os.fstat(fds[0]).st_size // 65536
 for fd in fds:  # the working set, read once: in the page cache from here on
     for block in range(blocks):
         os.pread(fd, 65536, block * 65536)
-out.write("# warm\n")
+out.write("# warm\\n")
 rng = random.Random(1)
 while True:
     fd = rng.choice(fds)
     offset = rng.randrange(blocks) * 65536
     start = time.monotonic()
     os.pread(fd, 65536, offset)
-    out.write(f"{round(start * 1e6)} {round((time.monotonic() - start) * 1e6)}\n")
+    out.write(f"{round(start * 1e6)} {round((time.monotonic() - start) * 1e6)}\\n")
     time.sleep(0.005)
 """
 STREAMER = """
@@ -112,7 +112,7 @@ while True:
     while block := os.read(fd, 1 << 20):
         total += len(block)
         if total % (8 << 20) == 0:
-            progress.write(f"{total}\n")
+            progress.write(f"{total}\\n")
     os.close(fd)
 """
 GROWER = """
