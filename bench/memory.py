@@ -80,8 +80,8 @@ EVICT_MIB = 384
 STRATEGIES = ("none", "evict_only", "memory_throttle")
 CACHE_STRATEGIES = ("none", "memory_throttle")
 SCENARIOS = ("growth", "cache")
-DISK_MIB = 1280
-WORKING_SET_MIB = 128  # in 8 files
+DISK_MIB = 1536
+WORKING_SET_MIB = 320  # in 8 files: with the streams, more than the page cache can hold
 STREAM_MIB = 448  # per streaming pod: two of them are more than the VM's page cache
 DISK = Path("/dev/vda")
 MOUNT = Path("/mnt/ngmem")
@@ -90,9 +90,10 @@ import os, random, sys, time
 out = open(sys.argv[1], "a", buffering=1)
 fds = [os.open(path, os.O_RDONLY) for path in sys.argv[2:]]
 blocks = os.fstat(fds[0]).st_size // 65536
-for fd in fds:  # the working set, read once: in the page cache from here on
-    for block in range(blocks):
-        os.pread(fd, 65536, block * 65536)
+for _ in range(2):  # the working set, read twice: active in the page cache (a workingset refault is a stall)
+    for fd in fds:
+        for block in range(blocks):
+            os.pread(fd, 65536, block * 65536)
 out.write("# warm\\n")
 rng = random.Random(1)
 while True:
