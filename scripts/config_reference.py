@@ -44,7 +44,8 @@ MEANINGS = {
     "workloads.groups": "cgroups that are workloads, with their class, priority and protection",
     "workloads.groups[].class": "the QoS class the group is ranked as",
     "workloads.groups[].priority": "higher is more important (ranked later as a candidate)",
-    "workloads.groups[].protected": "never acted on; protected by `protected_cpu_stall` objectives",
+    "workloads.groups[].protected": "never acted on; protected by `protected_cpu_stall` and `protected_memory_stall` "
+    "objectives",
     "guard": "the waterlines and how far and how fast the guard acts",
     "guard.objectives": "the waterlines; several on the same metric and action: the lowest threshold wins",
     "guard.objectives[].name": "a name for the waterline in plans, logs and status (default: `objectives[N]`)",

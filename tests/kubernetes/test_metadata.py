@@ -113,6 +113,15 @@ def test_enrich_applies_metadata_to_known_pods() -> None:
     assert all(u.workload.name.startswith("pod/") for u in snap.workloads.values())
 
 
+def test_enrich_carries_the_memory_request_as_the_memory_throttle_floor() -> None:
+    """A pod's memory request (its containers' sum) reaches its workload, in bytes; none asked is None."""
+    snap = snapshot([pod_usage(UID_A), pod_usage(UID_B)])
+    cache = cache_of(pod("a", UID_A, memory_request="96Mi"), pod("b", UID_B, memory_request=None))
+    found = {u.workload.pod_uid: u.workload for u in enrich(snap, cache).snapshot.workloads.values()}
+    assert found[UID_A].memory_request_bytes == 96 << 20
+    assert found[UID_B].memory_request_bytes is None
+
+
 def test_unknown_uids_are_marked_and_reported() -> None:
     """A pod cgroup whose UID no pod has is metadata_known False, and its UID is reported for an early refresh."""
     snap = snapshot([pod_usage(UID_A), pod_usage(UID_B)])
