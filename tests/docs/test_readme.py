@@ -95,7 +95,7 @@ def test_the_writers_allow_list_is_stated_as_the_code_has_it() -> None:
         text = re.sub(r"\s+", " ", page.read_text(encoding="utf-8"))
         listed = re.search(r"allow-list (.*?)(?:refuses any path|it refuses)", text)
         assert listed, f"{page.name}: no allow-list sentence"
-        named = set(re.findall(r"`((?:cpu|cgroup)\.[a-z_]+)`", listed.group(1)))
+        named = set(re.findall(r"`((?:cpu|cgroup|memory)\.[a-z_]+)`", listed.group(1)))
         assert named == files, f"{page.name}: lists {sorted(named)}, the writer accepts {sorted(files)}"
         count = re.search(r"\b(" + "|".join(NUMBERS) + r") files\b", listed.group(1))
         if count:
