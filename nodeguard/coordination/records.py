@@ -25,6 +25,9 @@ class Grant:
     mint: Mapping[str, int] | None = None  # a mint transfer carries the applied caps (§6)
 
 
+Succession = tuple[tuple[str, int], ...]  # (node, its connection epoch when named), in order: who inherits (I16)
+
+
 @dataclass(frozen=True)
 class Lost:
     """An estate a node lost to ``heir``: its allotments (and mint) as of its ledger ``seq`` (§5)."""
@@ -33,6 +36,7 @@ class Lost:
     allot: Mapping[str, int]
     heir: str = ""
     mint: Mapping[str, int] | None = None
+    succession: Succession | None = None  # the lost ledger's succession (None: written before there was one)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ class SlotLedger:
     lost: tuple[Lost, ...] = ()
     mint: Mapping[str, int] | None = None  # held by exactly one node: the bank (I5)
     leaving: bool = False  # draining: send it nothing, pick another heir
+    # The heir and the members after it, each with the epoch it was named in (I16); None: a ledger of a version
+    # without successions, whose heir alone adopts it.
+    succession: Succession | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,10 @@ class Saved:
     published: bool = False  # a ledger of this state may be on the broker
     await_heir: bool = False  # back on a broker that may have lost a will: ask the heir before admitting
     leaving: bool = False  # this process is draining (a new process starts as a member again)
+    succession: Succession = ()  # the heir first, then who inherits if it is gone too (I16)
+    # Claims on estates this node was named for at epochs up to this one have passed on: it came back without a
+    # session, so a will of an earlier connection may have fired on a broker that has since forgotten it (I16).
+    passed_before: int = 0
 
     @classmethod
     def from_ledger(cls, ledger: SlotLedger, *, epoch: int, next_grant: int, **extra: Any) -> Saved:
@@ -181,6 +192,7 @@ class Saved:
             lost=list(ledger.lost),
             mint=None if ledger.mint is None else dict(ledger.mint),
             next_grant=next_grant,
+            succession=ledger.succession or (),
             **extra,
         )
 
@@ -201,6 +213,8 @@ class Saved:
             published=self.published,
             await_heir=self.await_heir,
             leaving=self.leaving,
+            succession=self.succession,
+            passed_before=self.passed_before,
         )
 
     def ledger(self, node: str) -> SlotLedger:
@@ -216,4 +230,5 @@ class Saved:
             lost=tuple(self.lost),
             mint=None if self.mint is None else dict(self.mint),
             leaving=self.leaving,
+            succession=self.succession,
         )

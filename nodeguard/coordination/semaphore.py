@@ -157,6 +157,10 @@ class ProtocolNode(Messages):
                 self._rollback_exact(own)
             st.handled_will = me.gone
             self.wants_persist = True
+        if not self.session_present:
+            # Without a session a will of an earlier connection has fired, or the broker forgot it (I10): either
+            # way claims named before this connection may have passed on, and this node cannot tell (I16).
+            st.passed_before = max(st.passed_before, self.epoch - 1)
         # A broker without this node's session and without its will may have restarted since a will of
         # it was acted on; the question stays open across reconnects and restarts until the heir answers (I10).
         st.await_heir = self.heir != self.name and (

@@ -39,6 +39,7 @@ def encode_saved(node: str, saved: Saved, boot: str | None = None) -> bytes:
         "lostUpTo": saved.lost_up_to,
         "published": saved.published,
         "awaitHeir": saved.await_heir,
+        "passedBefore": saved.passed_before,
     }
     return json.dumps(doc, separators=(",", ":")).encode()  # on the path of every grant: compact
 
@@ -62,7 +63,15 @@ def decode_saved(node: str, data: bytes) -> Saved:
         lost_up_to=int(doc["lostUpTo"]),
         published=bool(doc.get("published")),
         await_heir=bool(doc.get("awaitHeir")),
+        passed_before=_passed_before(doc),
     )
+
+
+def _passed_before(doc: dict[str, Any]) -> int:
+    value = doc.get("passedBefore", 0)  # absent in a state written before successions: nothing passed
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise Malformed("passedBefore: expected an integer")
+    return value
 
 
 class StateStore:

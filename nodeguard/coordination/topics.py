@@ -41,6 +41,7 @@ from nodeguard.coordination.records import (
     NodeStatus,
     SemStatus,
     SlotLedger,
+    Succession,
     Want,
 )
 
@@ -136,6 +137,8 @@ def _lost_object(lost: Lost) -> dict[str, Any]:
     obj: dict[str, Any] = {"seq": lost.seq, "allot": dict(lost.allot), "heir": lost.heir}
     if lost.mint is not None:
         obj["mint"] = dict(lost.mint)
+    if lost.succession is not None:
+        obj["succession"] = [list(s) for s in lost.succession]
     return obj
 
 
@@ -158,6 +161,8 @@ def ledger_object(ledger: SlotLedger) -> dict[str, Any]:
         obj["mint"] = dict(ledger.mint)
     if ledger.leaving:
         obj["leaving"] = True
+    if ledger.succession is not None:
+        obj["succession"] = [list(s) for s in ledger.succession]
     return obj
 
 
@@ -337,6 +342,7 @@ def ledger_from_object(obj: dict[str, Any], node: str) -> SlotLedger:
                 allot=_counts(item.get("allot"), "lost[].allot"),
                 heir="" if lost_heir == "" else _name(lost_heir, "lost[].heir"),
                 mint=_mint(item.get("mint"), "lost[].mint"),
+                succession=_succession(item.get("succession"), "lost[].succession"),
             )
         )
     return SlotLedger(
@@ -351,7 +357,21 @@ def ledger_from_object(obj: dict[str, Any], node: str) -> SlotLedger:
         applied=applied,
         adopted=_counts(obj.get("adopted", {}), "adopted"),
         lost=tuple(lost),
+        succession=_succession(obj.get("succession"), "succession"),
     )
+
+
+def _succession(value: Any, what: str) -> Succession | None:
+    """None when absent: a ledger of a version without successions (its heir alone adopts it, I16)."""
+    if value is None:
+        return None
+    out = []
+    for raw in _list(value, what):
+        pair = _list(raw, what)
+        if len(pair) != 2 or not isinstance(pair[1], int) or isinstance(pair[1], bool) or pair[1] < 0:
+            raise Malformed(f"{what}: expected [node, epoch] pairs")
+        out.append((_name(pair[0], what), pair[1]))
+    return tuple(out)
 
 
 def decode_status(payload: bytes, node: str) -> NodeStatus:

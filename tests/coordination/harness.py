@@ -19,7 +19,7 @@ from typing import Any
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from nodeguard.coordination.records import SlotLedger
+from nodeguard.coordination.records import SlotLedger, Succession
 from nodeguard.coordination.topics import (
     Malformed,
     Topics,
@@ -272,18 +272,18 @@ class WireAuditor:
             except Malformed as exc:
                 self.malformed.append(f"{msg.topic}: {exc}")
 
-    def _adopted(self, node: str, ledger: SlotLedger) -> int:
-        heir = self.ledgers.get(ledger.heir) if ledger.heir and ledger.heir != node else None
-        return heir.adopted.get(node, 0) if heir is not None else 0
+    def _adopted(self, node: str, heir: str, succession: Succession | None) -> int:
+        """How far ``node``'s estates are adopted: by its heir or another member of its succession (I16)."""
+        names = {heir, *(n for n, _ in succession or ())} - {"", node}
+        return max([0, *(self.ledgers[n].adopted.get(node, 0) for n in names if n in self.ledgers)])
 
     def total(self, sem: str) -> int:
         total = 0
         for node, ledger in self.ledgers.items():
-            if ledger.seq > self._adopted(node, ledger):
+            if ledger.seq > self._adopted(node, ledger.heir, ledger.succession):
                 total += ledger.allot.get(sem, 0)
             for lost in ledger.lost:
-                heir = self.ledgers.get(lost.heir)
-                if heir is None or heir.adopted.get(node, 0) < lost.seq:
+                if self._adopted(node, lost.heir, lost.succession) < lost.seq:
                     total += lost.allot.get(sem, 0)
             for grant in ledger.grants:
                 recipient = self.ledgers.get(grant.to)

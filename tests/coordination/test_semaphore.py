@@ -526,9 +526,10 @@ def test_deliveries_per_admission_do_not_grow_with_the_cluster() -> None:
 
 
 @pytest.mark.parametrize("together", [False, True])
-def test_a_bank_dead_while_its_heir_is_down_is_adopted_when_the_heir_returns(together: bool) -> None:
-    """I15: the bank dies while its heir is down (crashed first, or at the same moment); the heir, back after both
-    wills, adopts the bank's estate and the mint without the bank returning, and the cluster admits up to the cap."""
+def test_a_bank_dead_while_its_heir_is_down_is_adopted_by_the_next_in_its_succession(together: bool) -> None:
+    """I16: the bank dies while its heir is down (crashed first, or at the same moment); after both wills the next
+    member of the bank's succession adopts the bank's estate and the mint with neither back, the live nodes admit up
+    to the cap, and the heir, back, adopts nothing (one mint) and the cluster still admits exactly up to the cap."""
     sim = Sim(["a", "b", "c", "d"], {"p": 4}, seeds=["a", "b", "c", "d"])
     sim.settle()
     assert bank(sim) == "a" and heir_of(sim, "a") == "b"
@@ -541,14 +542,20 @@ def test_a_bank_dead_while_its_heir_is_down_is_adopted_when_the_heir_returns(tog
     heir_reads(sim)
     sim.departed.update({"a", "b"})  # nobody restarts them yet
     sim.settle()
-    sim.departed.discard("b")  # the heir comes back; the bank stays dead
-    sim.settle()
-    assert bank(sim) == "b"
-    for name in "bcd":
-        for _ in range(2):
+    assert bank(sim) == "c"
+    assert allot(sim, "c") + allot(sim, "d") == 4  # a's and b's slots are adopted too (b's by its own heir, c)
+    for name in "cd":
+        for _ in range(3):
             sim.request(name, "p")
     sim.settle()
     assert sum(held(sim).values()) == 4
+    sim.departed.discard("b")  # the heir comes back; it must not adopt the bank's estate a second time
+    sim.settle()
+    assert bank(sim) == "c" and allot(sim, "b") == 0
+    for _ in range(2):
+        sim.request("b", "p")
+    sim.settle()
+    assert sum(held(sim).values()) == 4 and slots(sim) == 4
 
 
 def test_a_draining_node_revokes_the_slots_it_kept_when_its_lease_runs_out() -> None:

@@ -10,7 +10,7 @@ from collections import Counter, OrderedDict
 from typing import Any
 
 from nodeguard.coordination.protocol.model import RETRY, WILL_GRACE, Cluster, Effects, PeerState, Phase
-from nodeguard.coordination.records import Census, Saved
+from nodeguard.coordination.records import Census, Saved, SlotLedger
 
 
 class NodeCore:
@@ -63,6 +63,8 @@ class NodeCore:
         self._copies: dict[str, bool] = {}  # peer -> ask: send it a copy of the next committed ledger
         self._reads: set[str] = set()
         self._due_reads: dict[str, float] = {}  # dead node -> when its retained ledger is read (will grace)
+        self._estates: dict[str, SlotLedger] = {}  # dead node -> its final ledger, while its succession is unsettled
+        self._lost_told: dict[str, int] = {}  # successor -> its ledger seq last answered with this node's lost estates
         self._retract_after: dict[int, int] = {}  # grant id -> the dead recipient's ledger seq its heir must adopt
         self._sent_at: dict[int, float] = {}  # grant id -> when its copy last went out
         self._polled_at = -math.inf

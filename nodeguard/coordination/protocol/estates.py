@@ -8,8 +8,8 @@ from collections import Counter
 from collections.abc import Iterable
 
 from nodeguard.coordination.protocol.admission import Admission
-from nodeguard.coordination.protocol.model import GRANT_RETRY, WANT_RETRY, Estate, PeerState
-from nodeguard.coordination.records import Grant, SlotLedger
+from nodeguard.coordination.protocol.model import GRANT_RETRY, WANT_RETRY, Claim, Estate, PeerState
+from nodeguard.coordination.records import Grant, Lost, SlotLedger, Succession
 
 
 class Estates(Admission):
@@ -39,25 +39,58 @@ class Estates(Admission):
         stake = (
             self.is_bank
             or self._heir_of(node) == self.name
+            or self.name in self._successors(node)
             or any(g.to == node for g in self.state.grants.values())
             # A dead bank's heir may not know it is one (it was away, I15): every node reads the bank's ledger.
             or (census is not None and census.bank == node)
+            # A successor of an estate not yet settled: whether this one adopted it before its will (I16).
+            or any(node in self._successors(dead) for dead in self._estates)
         )
         if stake:
             # Read after the will grace, on a connection that lasted through it: a broker shutting down publishes
             # the wills of live nodes and then drops every connection, so such wills are never acted on (I9).
             self._due_reads.setdefault(node, now + self.will_grace)
 
-    def _estate(self, node: str, final: SlotLedger, gone_epoch: int) -> None:
+    def _own_will(self) -> int:
+        """The newest epoch of this node's own will known: a claim named before it has passed on (I16)."""
+        return max(self._st.handled_will, self._peer(self.name).gone, self._st.passed_before)
+
+    def _claim(self, node: str, heir: str, succession: Succession | None, seq: int, now: float) -> Claim:
+        """Whether this node adopts ``node``'s estate of ledger ``seq`` (I8, I16). The first of the succession adopts
+        it; a member passes its claim on only once a will of it for an epoch at or after the one it was named in is
+        out and its retained ledger, read after that will, does not show the estate adopted. The retained will and
+        ledger are the same for every reader, and the member itself, on any later connection, knows that will
+        (it reads its own before it admits, I9) and so never adopts what it passed on: one adopter at most."""
+        chain: list[tuple[str, int | None]] = [(heir, None)] if succession is None else list(succession)
+        chain = [(member, named) for member, named in chain if member not in ("", node)]
+        for member, named in chain:
+            if member == self.name:
+                if named is not None and self._own_will() >= named:
+                    continue  # this node died since it was named: its claim went on with its will
+                return Claim.MINE
+            peer = self._peer(member)
+            if named is None or peer.gone < named:
+                return Claim.WAIT  # it may still adopt (a ledger without a succession: its heir alone adopts)
+            if peer.gone_done < peer.gone or peer.ledger is None:
+                self._due_reads.setdefault(member, now + self.will_grace)  # its ledger as its will left it
+                return Claim.WAIT
+            if peer.ledger.succession is None:
+                return Claim.WAIT  # a version without successions adopts whatever names it heir
+            if peer.ledger.adopted.get(node, 0) >= seq:
+                return Claim.DONE
+        # Every member has died since it was named, and none adopted it (the whole cluster went down at once): the
+        # first takes it on the connection it is on now. The others, having passed, never adopt it, so it is still
+        # one adopter.
+        return Claim.MINE if chain and chain[0][0] == self.name else Claim.DONE
+
+    def _estate(self, node: str, final: SlotLedger, gone_epoch: int, now: float) -> None:
         """``node``'s will for ``gone_epoch`` is out and ``final`` is its last ledger (I8)."""
         st = self._st
         peer = self._peer(node)
         peer.final_heir = final.heir
-        done = st.adopted.get(node, 0)
-        if final.heir == self.name and final.seq > done:
-            estates = [(final.allot, final.mint)]
-            estates += [(lost.allot, lost.mint) for lost in final.lost if lost.seq > done and lost.heir == self.name]
-            self._adopt(node, final.seq, estates)
+        peer.final_succession = tuple(n for n, _ in final.succession or ())
+        self._estates[node] = final
+        self._settle_estate(node, now)
         if self.is_bank:
             self.wants_census = True
         # A grant the dead connection never committed can come back, but only once its heir has adopted
@@ -69,16 +102,47 @@ class Estates(Admission):
                 self._retract_after[grant.id] = final.seq
         self._retract_adopted(node)
 
+    def _settle_estate(self, node: str, now: float) -> None:
+        """Adopt what of ``node``'s final ledger (and the estates it had lost) falls to this node (I8, I16); keep
+        it while a claim before this node's is unsettled."""
+        final = self._estates[node]
+        done = self._st.adopted.get(node, 0)
+        claims = [(final.seq, final.heir, final.succession, final.allot, final.mint)]
+        claims += [(lost.seq, lost.heir, lost.succession, lost.allot, lost.mint) for lost in final.lost]
+        mine, unsettled = [], False
+        for seq, heir, succession, allot, mint in claims:
+            if seq <= done:
+                continue
+            claim = self._claim(node, heir, succession, seq, now)
+            if claim is Claim.MINE:
+                mine.append((seq, allot, mint))
+            unsettled |= claim is Claim.WAIT
+        if mine:
+            self._adopt(node, max(seq for seq, _, _ in mine), [(allot, mint) for _, allot, mint in mine])
+        if not unsettled or self._st.adopted.get(node, 0) >= final.seq:
+            del self._estates[node]
+
+    def _settle_estates(self, now: float) -> None:
+        for node in list(self._estates):
+            if node in self._estates:
+                self._settle_estate(node, now)
+
+    def _adopted_of(self, node: str) -> int:
+        """The newest ledger of ``node`` adopted by any of its successors (one at most adopts each, I2, I16)."""
+        seqs = [0]
+        for member in self._successors(node):
+            if member == self.name:
+                seqs.append(self._st.adopted.get(node, 0))
+            else:
+                ledger = self._peer(member).ledger
+                seqs.append(ledger.adopted.get(node, 0) if ledger is not None else 0)
+        return max(seqs)
+
     def _retract_adopted(self, node: str) -> None:
-        """Take back the grants to ``node`` waiting for its heir's adoption, if the heir has adopted."""
+        """Take back the grants to ``node`` waiting for its estate's adoption, if its heir (or successor) adopted."""
         if not self._retract_after:
             return
-        heir = self._heir_of(node)
-        if heir == self.name:
-            adopted = self._st.adopted.get(node, 0)
-        else:
-            ledger = self._peer(heir).ledger if heir else None
-            adopted = ledger.adopted.get(node, 0) if ledger is not None else 0
+        adopted = self._adopted_of(node)
         for grant_id, seq in list(self._retract_after.items()):
             grant = self._st.grants.get(grant_id)
             if grant is None:
@@ -191,21 +255,28 @@ class Estates(Admission):
                 self._retract(grant, "recipient moved on")
         # Estates ``node`` lost to this node.
         done = st.adopted.get(node, 0)
-        fresh = [lost for lost in ledger.lost if lost.seq > done and lost.heir == self.name]
+        fresh = [
+            lost
+            for lost in ledger.lost
+            if lost.seq > done and self._claim(node, lost.heir, lost.succession, lost.seq, now) is Claim.MINE
+        ]
         if fresh:
             self._adopt(node, max(lost.seq for lost in fresh), [(lost.allot, lost.mint) for lost in fresh])
             self._copies[node] = False  # it drops them once it sees the adoption
         # Grants to nodes that ``node`` is the heir of, waiting for its adoption.
         for dead in {g.to for i, g in st.grants.items() if i in self._retract_after}:
-            if self._heir_of(dead) == node:
+            if node in self._successors(dead):
                 self._retract_adopted(dead)
         # This node's lost estates that ``node`` (their heir) has adopted.
         upto = ledger.adopted.get(self.name, 0)
-        if any(lost.heir == node and lost.seq <= upto for lost in st.lost):
-            st.lost = [lost for lost in st.lost if not (lost.heir == node and lost.seq <= upto)]
+        if any(node in _names(lost) and lost.seq <= upto for lost in st.lost):
+            st.lost = [lost for lost in st.lost if not (node in _names(lost) and lost.seq <= upto)]
             st.seq += 1
             self.wants_persist = self.ledger_stale = True
-        if any(lost.heir == node for lost in st.lost):
+        if any(node in _names(lost) for lost in st.lost) and self._lost_told.get(node, -1) < ledger.seq:
+            # Once per ledger of it: two nodes owing each other estates would otherwise copy back and forth while a
+            # claim waits for a read (the retries ask again every second).
+            self._lost_told[node] = ledger.seq
             self._copies.setdefault(node, False)
 
     def _retry(self, now: float) -> None:
@@ -218,15 +289,14 @@ class Estates(Admission):
                 self._copies[grant.to] = True
                 self.counters["grants.resent"] += 1
         if st.lost and now - self._polled_at >= self.retry:
-            for lost in st.lost:  # ask the heir, and read its retained ledger (it may have left since)
-                if lost.heir and lost.heir != self.name:
-                    self._copies.setdefault(lost.heir, True)
-                    self._reads.add(lost.heir)
+            for lost in st.lost:  # ask its successors, and read their retained ledgers (they may have left since)
+                for member in _names(lost):
+                    if member != self.name:
+                        self._copies.setdefault(member, True)
+                        self._reads.add(member)
         if self._retract_after and now - self._polled_at >= self.retry:
             for dead in {g.to for i, g in st.grants.items() if i in self._retract_after}:
-                heir = self._heir_of(dead)
-                if heir and heir != self.name:
-                    self._reads.add(heir)
+                self._reads.update(m for m in self._successors(dead) if m != self.name)
         if now - self._polled_at >= self.retry:
             self._polled_at = now
             if self.leaving:
@@ -238,8 +308,10 @@ class Estates(Admission):
         ledger = peer.ledger
         if ledger is None:
             return True
-        heir = self._heir_of(node)
-        if heir == self.name:
-            return self._st.adopted.get(node, 0) >= ledger.seq
-        heir_ledger = self._peer(heir).ledger if heir else None
-        return heir_ledger is not None and heir_ledger.adopted.get(node, 0) >= ledger.seq
+        return self._adopted_of(node) >= ledger.seq
+
+
+def _names(lost: Lost) -> list[str]:
+    """Who may adopt a lost estate: its heir, then its succession (I16)."""
+    names = [lost.heir, *(n for n, _ in lost.succession or ())]
+    return [n for n in dict.fromkeys(names) if n]

@@ -4,8 +4,8 @@ choice of this node's heir, named in its ledger (I8) and never a leaving or gone
 from __future__ import annotations
 
 from nodeguard.coordination.protocol.core import NodeCore
-from nodeguard.coordination.protocol.model import Phase
-from nodeguard.coordination.records import MemberState
+from nodeguard.coordination.protocol.model import SUCCESSION, Phase
+from nodeguard.coordination.records import MemberState, Succession
 
 
 class Membership(NodeCore):
@@ -47,29 +47,45 @@ class Membership(NodeCore):
         return sorted(out)
 
     def _repick_heir(self) -> None:
-        """Keep a joined heir; else the next joined member after this one (I8: the ledger names it)."""
+        """Keep a joined heir; else the next joined member after this one (I8: the ledger names it); after it, the
+        next joined members, each with the epoch it is named in: the succession (I16)."""
         st = self.state
         if st is None or self.phase is not Phase.ONLINE:
             return
         if self.census is None:
             return  # no view of the members yet: keep the one named
         joined = self._joined()
-        if st.heir in joined or (not joined and st.heir == self.name):
-            return
-        if not joined:
-            heir = self.name
-        else:
-            after = [m for m in joined if m > self.name]
-            heir = after[0] if after else joined[0]
-        if heir == st.heir:
-            return
-        st.heir = heir
-        st.seq += 1
-        self.wants_persist = self.wants_ledger = self.wants_member = True
+        heir = st.heir
+        if not (st.heir in joined or (not joined and st.heir == self.name)):
+            if not joined:
+                heir = self.name
+            else:
+                after = [m for m in joined if m > self.name]
+                heir = after[0] if after else joined[0]
+        succession: Succession = ()
         if heir != self.name:
-            self._copies.setdefault(heir, False)  # the heir learns of its ward (it reads its ledger after a will)
-        self.counters["heir.changed"] += 1
-        self._note("heir", heir=heir)
+            i = joined.index(heir)
+            ring = [joined[(i + k) % len(joined)] for k in range(min(SUCCESSION, len(joined)))]
+            succession = tuple((node, self._epoch_of(node)) for node in ring)
+        if heir == st.heir and succession == st.succession:
+            return
+        if heir != st.heir:
+            self.wants_member = True
+            self.counters["heir.changed"] += 1
+            self._note("heir", heir=heir)
+        st.heir, st.succession = heir, succession
+        st.seq += 1
+        self.wants_persist = self.wants_ledger = True
+        for node, _ in succession:
+            self._copies.setdefault(node, False)  # each learns of its ward (it reads its ledger after a will)
+
+    def _successors(self, node: str) -> list[str]:
+        """Who may have adopted ``node``'s estate: its heir and the rest of its succession (I8, I16)."""
+        peer = self._peer(node)
+        names = [self._heir_of(node), *peer.final_succession]
+        if peer.ledger is not None and peer.ledger.succession:
+            names += [n for n, _ in peer.ledger.succession]
+        return [n for n in dict.fromkeys(names) if n and n != node]
 
     def _heir_of(self, node: str) -> str:
         peer = self._peer(node)

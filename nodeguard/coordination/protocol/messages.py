@@ -39,7 +39,7 @@ class Messages(Outbox):
             peer.ledger = ledger
         else:
             self.counters["stale"] += 1
-        if self.phase is Phase.WAITING_HEIR and copy is not None and ledger.node == self.heir:
+        if self.phase is Phase.WAITING_HEIR and copy is not None and ledger.node in self._asked():
             self._check_heir(now)
         elif self.phase is Phase.ONLINE and ledger.node != self.name:
             if fresh or copy is not None:  # an answer: act on the newest ledger known (a grant may be newer)
@@ -132,8 +132,7 @@ class Messages(Outbox):
             return self._take()
         if gone.node != self.name:
             self._consider_gone(gone.node, now)
-            if gone.node == self.heir:
-                self._repick_heir()
+            self._repick_heir()  # the heir, or another member of the succession (I16)
         elif gone.epoch >= self.epoch:
             self._will_of_this_connection(now)
         elif self.state is not None and gone.epoch > self.state.handled_will:
@@ -154,8 +153,10 @@ class Messages(Outbox):
             peer.latest, peer.latest_conn = ledger, self.conn
         if peer.gone > peer.gone_done:
             if ledger is not None and ledger.epoch <= peer.gone:
-                self._estate(node, ledger, peer.gone)
+                self._estate(node, ledger, peer.gone, now)
             peer.gone_done = peer.gone
+        # A successor's ledger after its will: whether the claims of estates waiting on it pass on (I16).
+        self._settle_estates(now)
         if ledger is not None and (peer.ledger is None or ledger.seq > peer.ledger.seq):
             peer.ledger = ledger
             self._reconcile(node, now)

@@ -16,6 +16,7 @@ Estate = tuple[Mapping[str, int], Mapping[str, int] | None]  # allotments, and t
 WILL_GRACE = 1.0  # seconds an heir waits after a will before reading the dead node's ledger
 RETRY = 1.0  # seconds before an unanswered grant or question is sent again (with ask)
 GRANT_RETRY = 2  # retries of a grant's copy (an acknowledgement can wait for the recipient's clean-up, 1 s)
+SUCCESSION = 3  # members named in a ledger's succession: the heir and who inherits if it is gone too (I16)
 WANT_RETRY = 5  # retries of a node's demand to the bank (lost only with a connection, which resends it anyway)
 
 
@@ -97,6 +98,14 @@ class Effects:
     notes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
+class Claim(StrEnum):
+    """A node's claim on a dead node's estate (I16)."""
+
+    MINE = "mine"  # adopt it now
+    WAIT = "wait"  # a member before this one may still adopt it, or its ledger after its will is not read yet
+    DONE = "done"  # adopted by someone else, or by nobody this node can stand in for
+
+
 class Phase(StrEnum):
     OFFLINE = "offline"  # no connection (admits within the lease)
     SYNCING = "syncing"  # connected, reading the broker's retained state
@@ -116,4 +125,5 @@ class PeerState:
     gone_conn: int = -1
     gone_done: int = -1  # newest will epoch acted on
     final_heir: str = ""  # the heir its final ledger names (after its will)
+    final_succession: tuple[str, ...] = ()  # who its final ledger names to inherit, in order (I16)
     member: Member | None = None  # its membership record (the bank reads them)

@@ -40,7 +40,8 @@ class Recovery(Estates):
         st.adopted = dict(own.adopted)
         st.lost = list(own.lost)
         if any(own.allot.values()) or own.mint is not None:
-            st.lost.append(Lost(own.seq, dict(own.allot), own.heir, None if own.mint is None else dict(own.mint)))
+            mint = None if own.mint is None else dict(own.mint)
+            st.lost.append(Lost(own.seq, dict(own.allot), own.heir, mint, own.succession))
         st.lost_up_to = max(st.lost_up_to, own.seq)
         st.seq = max(st.seq, own.seq) + 1
         self.wants_persist = self.wants_ledger = True
@@ -61,15 +62,26 @@ class Recovery(Estates):
         self.counters["rollbacks"] += 1
         self._note("rolled back: heir reports adoption", seq=seq)
 
+    def _asked(self) -> list[str]:
+        """Whom a fenced node back on a restarted broker asks: its heir and the rest of its succession, any of
+        which may have adopted its estate (I10, I16)."""
+        st = self._st
+        names = [self.heir, *(n for n, _ in st.succession)]
+        return [n for n in dict.fromkeys(names) if n != self.name]
+
     def _ask_heir(self, now: float) -> None:
         self._asked_at = now
-        self._copies[self.heir] = True
+        for member in self._asked():
+            self._copies[member] = True
 
     def _check_heir(self, now: float) -> None:
-        peer = self._peer(self.heir)
-        if peer.ledger is None or peer.copy_conn != self.conn:
-            return
-        adopted = peer.ledger.adopted.get(self.name, 0)
+        """Every one asked has answered on this connection: roll back to what the one that adopted took."""
+        adopted = 0
+        for member in self._asked():
+            peer = self._peer(member)
+            if peer.ledger is None or peer.copy_conn != self.conn:
+                return
+            adopted = max(adopted, peer.ledger.adopted.get(self.name, 0))
         if adopted > self._st.lost_up_to:
             self._rollback_approx(adopted)
         self._st.await_heir = False
