@@ -70,6 +70,8 @@ class Estates(Admission):
                 return Claim.MINE
             peer = self._peer(member)
             if named is None or peer.gone < named:
+                if peer.ledger is not None and peer.ledger.adopted.get(node, 0) >= seq:
+                    return Claim.DONE
                 return Claim.WAIT  # it may still adopt (a ledger without a succession: its heir alone adopts)
             if peer.gone_done < peer.gone or peer.ledger is None:
                 self._due_reads.setdefault(member, now + self.will_grace)  # its ledger as its will left it
