@@ -38,6 +38,7 @@ class ServiceStatus(ServiceIO):
             "leaving": node.leaving,
             "epoch": node.epoch,
             "heir": node.heir,
+            "succession": [name for name, _ in node.state.succession] if node.state is not None else [],
             "bank": node.bank,
             "seeds": list(self.cluster.seeds),
             "leaseRemainingSeconds": round(max(0.0, node.lease_until - now), 3),

@@ -41,7 +41,7 @@ def test_the_next_in_the_banks_succession_takes_over_when_bank_and_heir_are_down
             node.wait_started()
             wait_until(lambda node=node: node.status()["admitting"], 20, f"{node.name} admitting", detail=logs)
         bank = nodes["s0"]  # the only seed: the mint and every slot at genesis
-        wait_until(lambda: bank.status()["heir"] == "s1", 10, "the bank naming s1 its heir", detail=logs)
+        wait_until(lambda: bank.status()["succession"] == ["s1", "s2", "s3"], 10, "the bank's succession", detail=logs)
         bank.burst(CAP, 60.0, SEM)
         wait_until(lambda: bank.count("hold") == CAP, 10, "the bank holding every slot", detail=logs)
         heir = nodes["s1"]
