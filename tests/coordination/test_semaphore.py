@@ -558,6 +558,30 @@ def test_a_bank_dead_while_its_heir_is_down_is_adopted_by_the_next_in_its_succes
     assert sum(held(sim).values()) == 4 and slots(sim) == 4
 
 
+def test_a_heir_back_before_its_own_will_keeps_its_claim_on_the_dead_bank() -> None:
+    """I15, I16: the heir crashes and restarts (its session taken over, no will of it); the bank dies meanwhile: the
+    heir adopts the bank's estate and the mint, and the next in the succession adopts nothing."""
+    sim = Sim(["a", "b", "c", "d"], {"p": 4}, seeds=["a", "b", "c", "d"])
+    sim.settle()
+    assert bank(sim) == "a" and heir_of(sim, "a") == "b"
+    sim.crash("b")
+    sim.crash("a")
+    sim.departed.add("a")
+    sim.advance(LEASE / 2)
+    sim.connect("b")  # back before its will: the broker cancels it
+    sim.fire_will("a", wait=True)
+    heir_reads(sim)
+    sim.settle()
+    assert bank(sim) == "b"
+    node_c = sim.nodes["c"].node
+    assert node_c is not None and node_c.state is not None and "a" not in node_c.state.adopted
+    for name in "bcd":
+        for _ in range(2):
+            sim.request(name, "p")
+    sim.settle()
+    assert sum(held(sim).values()) == 4 and slots(sim) == 4
+
+
 def test_a_draining_node_revokes_the_slots_it_kept_when_its_lease_runs_out() -> None:
     """I4, I13: the slots a drain keeps for loads in flight are still held on the lease: a draining node that loses
     the broker revokes them once its lease runs out, before its will can fire."""
