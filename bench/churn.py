@@ -47,8 +47,8 @@ class Node:
         self.http = f"127.0.0.1:{free_port()}"
         coordination = {**coordination_config(port, seeds, {SEM: cap}, home / "state"), **TIMINGS}
         self.gate.config["global"]["coordination"] = {**coordination, "nodeName": name}
-        # The guard's readings play no part here; at 0.2 s, 50 daemons' ticks alone kept two cores busy enough to
-        # starve the broker connections (a 106 s stall at 50 nodes, every daemon fenced and reconnecting).
+        # The guard's readings play no part here: fewer ticks leave the CPU to the daemons' coordination and the
+        # broker (50 daemons on two cores were starved: fenced and reconnecting, with or without this).
         self.gate.config["global"]["sensing"]["tickSeconds"] = 1.0
         self.gate.config["global"]["http"] = {"listen": self.http}
         self.write()
