@@ -28,8 +28,8 @@ from tests.workloads import CPU_UNITS, p99, p99_windows, probe_lateness, start_p
 
 HOLD = 3.0  # weightHoldSeconds: a fifth of a measured window
 WINDOW = 15.0  # seconds of each window whose p99 is judged
-CONTENTION = 30.0  # seconds measured under contention, after the weight came down
-ALONE = 12.0
+CONTENTION = 20.0  # seconds measured under contention, after the weight came down: two 15 s windows, 5 s apart
+ALONE = 8.0  # 800 units: the p99 is the 8th latest
 PROTECTED_LIMIT = CpuMax(100000)  # 1 core at the pod and its container: the probe's 0.4 core never hits it
 IN_VM = os.environ.get("NODEGUARD_IN_VM") == "1"
 # What the test tells apart: the lever held (0.8-1.7x alone on this host, CI's noisiest window 1.71x) from the
@@ -83,7 +83,7 @@ def test_weights_stay_down_under_lasting_contention_and_come_back_when_it_ends(
         assert lowered_throughout
         found = p99_windows(out.read_text(), round(since * 1e6), round(until * 1e6), WINDOW, 5.0)
         ratios = [round(w / alone, 2) for w in found]
-        assert len(ratios) >= 3
+        assert len(ratios) >= 2
         bound = VM_BOUND if IN_VM else HOST_BOUND
         assert max(ratios) <= bound, f"p99 per 15 s window over {alone:.2f} ms alone: {ratios}"
 
