@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.policy.actions import MemoryRestore, MemoryThrottle, Restore, Reweigh, Throttle
@@ -92,33 +93,29 @@ class AfterPass:
     memory_written: Mapping[str, int | None] = field(default_factory=dict)
 
 
-def _without(state: GuardState, key: LeverKey) -> GuardState:
+# Each lever's holds in the guard state, and the actions that lower and raise them.
+_HOLDS = {QUOTA: "throttles", WEIGHT: "lowered", MEMORY: "memory"}
+_ACTIONS: dict[str, tuple[type[Throttle | MemoryThrottle], type[Restore | MemoryRestore]]] = {
+    QUOTA: (Throttle, Restore),
+    MEMORY: (MemoryThrottle, MemoryRestore),
+}
+
+
+def _keep(state: GuardState, key: LeverKey, held: object | None) -> GuardState:
+    """The lever's hold on the group set to ``held`` (None: no hold), e.g. what it had before a change that did not
+    happen."""
     lever, group = key
-    if lever == QUOTA:
-        return replace(state, throttles={k: v for k, v in state.throttles.items() if k != group})
-    if lever == MEMORY:
-        return replace(state, memory={k: v for k, v in state.memory.items() if k != group})
-    return replace(state, lowered={k: v for k, v in state.lowered.items() if k != group})
-
-
-def _keep(state: GuardState, workload_id: str, held: HeldThrottle | None) -> GuardState:
-    """The throttle a workload had before the plan (none: none), since the plan's change did not happen."""
-    throttles = dict(state.throttles)
+    holds = dict(getattr(state, _HOLDS[lever]))
     if held is None:
-        throttles.pop(workload_id, None)
+        holds.pop(group, None)
     else:
-        throttles[workload_id] = held
-    return replace(state, throttles=throttles)
+        holds[group] = held
+    changed: dict[str, Any] = {_HOLDS[lever]: holds}
+    return replace(state, **changed)
 
 
-def _keep_memory(state: GuardState, workload_id: str, held: HeldMemory | None) -> GuardState:
-    """The memory.high hold a workload had before the plan, since the plan's change did not happen."""
-    memory = dict(state.memory)
-    if held is None:
-        memory.pop(workload_id, None)
-    else:
-        memory[workload_id] = held
-    return replace(state, memory=memory)
+def _without(state: GuardState, key: LeverKey) -> GuardState:
+    return _keep(state, key, None)
 
 
 def _hold(previous: HeldBack | None, group: str, refusal: Refusal, now: float, holds: HoldTimes) -> HeldBack:
@@ -146,22 +143,11 @@ def fold_moves(state: GuardState, moves: Moves) -> GuardState:
 def after_pass(plan: Plan, before: GuardState, outcome: QuotaOutcome, holds: HoldTimes = HoldTimes()) -> AfterPass:
     """The plan's state less what did not happen: a refused or withheld write keeps the throttle it had (a refused
     throttle also holds the workload back), a group that left is forgotten, failed evictions are pending no more."""
-    asked = {a.workload_id: a for a in plan.actions if isinstance(a, Throttle | Restore)}
-    state = plan.state
     refused: dict[str, HeldBack] = {}
-    for group, refusal in outcome.unchanged.refused.items():
-        if isinstance(asked.get(group), Throttle):
-            refused[group] = _hold(before.held_back.get(group), group, refusal, plan.monotonic, holds)
-        state = _keep(state, group, before.throttles.get(group))
-    for group in outcome.unchanged.withheld:
-        state = _keep(state, group, before.throttles.get(group))
-    for group in outcome.unchanged.gone:
-        state = _without(state, (QUOTA, group))
-    for group in outcome.released:
-        action = asked.get(group)
-        if not (isinstance(action, Restore) and action.full):
-            state = _without(state, (QUOTA, group))  # a step up the ledger could not record went all the way
-    state = _memory_after(plan, before, outcome, state, refused=refused, holds=holds)
+    state = _lever_after(QUOTA, plan, before, plan.state, unchanged=outcome.unchanged, released=outcome.released,
+                         refused=refused, holds=holds)  # fmt: skip
+    state = _lever_after(MEMORY, plan, before, state, unchanged=outcome.memory, released=outcome.memory_released,
+                         refused=refused, holds=holds)  # fmt: skip
     state = fold_moves(state, outcome.moves)
     for workload_id in outcome.failed_evictions:
         state = state.without_eviction(workload_id)
@@ -169,29 +155,34 @@ def after_pass(plan: Plan, before: GuardState, outcome: QuotaOutcome, holds: Hol
     return AfterPass(state, refused, outcome.written, outcome.memory_written)
 
 
-def _memory_after(
+def _lever_after(
+    lever: str,
     plan: Plan,
     before: GuardState,
-    outcome: QuotaOutcome,
     state: GuardState,
     *,
+    unchanged: Unchanged,
+    released: Iterable[str],
     refused: dict[str, HeldBack],
     holds: HoldTimes,
 ) -> GuardState:
-    """``after_pass`` for memory.high: a refused lowering holds the workload back, as a refused quota does."""
-    asked = {a.workload_id: a for a in plan.actions if isinstance(a, MemoryThrottle | MemoryRestore)}
-    for group, refusal in outcome.memory.refused.items():
-        if isinstance(asked.get(group), MemoryThrottle):
+    """``after_pass`` for one lever that lowers and restores (quota, memory.high): a refused lowering also holds the
+    workload back (into ``refused``)."""
+    lowers, restores = _ACTIONS[lever]
+    asked = {a.workload_id: a for a in plan.actions if isinstance(a, lowers | restores)}
+    had = getattr(before, _HOLDS[lever])
+    for group, refusal in unchanged.refused.items():
+        if isinstance(asked.get(group), lowers):
             refused[group] = _hold(before.held_back.get(group), group, refusal, plan.monotonic, holds)
-        state = _keep_memory(state, group, before.memory.get(group))
-    for group in outcome.memory.withheld:
-        state = _keep_memory(state, group, before.memory.get(group))
-    for group in outcome.memory.gone:
-        state = _without(state, (MEMORY, group))
-    for group in outcome.memory_released:
+        state = _keep(state, (lever, group), had.get(group))
+    for group in unchanged.withheld:
+        state = _keep(state, (lever, group), had.get(group))
+    for group in unchanged.gone:
+        state = _without(state, (lever, group))
+    for group in released:
         action = asked.get(group)
-        if not (isinstance(action, MemoryRestore) and action.full):
-            state = _without(state, (MEMORY, group))
+        if not (isinstance(action, restores) and action.full):
+            state = _without(state, (lever, group))  # a step up the ledger could not record went all the way
     return state
 
 
