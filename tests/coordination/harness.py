@@ -122,6 +122,13 @@ class NodeProcess:
         """Until the process runs its event loop (ten interpreters starting at once on two cores take a while)."""
         wait_until(lambda: self.count("started") >= 1, timeout, f"{self.name} started", detail=self.log_tail)
 
+    def wait_admitting(self, timeout: float = 20.0, detail: Callable[[], str] | None = None) -> None:
+        """Until it runs and its coordination admits (``detail``: what a timeout shows, its own log by default)."""
+        self.wait_started()
+        wait_until(
+            lambda: self.status()["admitting"], timeout, f"{self.name} admitting", detail=detail or self.log_tail
+        )
+
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
         before = self.count("status")
         self.send(cmd="status")
@@ -158,6 +165,16 @@ class NodeProcess:
         except OSError:
             return ""
         return f"--- {self.name} ---\n" + "\n".join(text[-lines:])
+
+
+def start_nodes(
+    port: int, names: list[str], seeds: list[str], semaphores: dict[str, int], workdir: Path
+) -> dict[str, NodeProcess]:
+    """One node process per name on the broker at ``port``, each with its own state directory."""
+    return {
+        name: NodeProcess(name, coordination_config(port, seeds, semaphores, workdir / "state" / name), workdir).start()
+        for name in names
+    }
 
 
 class LoadAuditor:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.coordination.conftest import Broker
-from tests.coordination.harness import TIMINGS, LoadAuditor, NodeProcess, WireAuditor, coordination_config, wait_until
+from tests.coordination.harness import TIMINGS, LoadAuditor, WireAuditor, start_nodes, wait_until
 
 CAP = 3
 SEM = "prepare"
@@ -27,19 +27,14 @@ def test_the_next_in_the_banks_succession_takes_over_when_bank_and_heir_are_down
     lease after the bank's kill), the cap holds on the loads' own records and on the wire, and once both are back the
     cap is reached again exactly, with one bank."""
     wire = WireAuditor(broker.port, {SEM: CAP})
-    nodes = {
-        name: NodeProcess(name, coordination_config(broker.port, ["s0"], {SEM: CAP}, tmp_path / "state" / name),
-                          tmp_path).start()
-        for name in NAMES
-    }  # fmt: skip
+    nodes = start_nodes(broker.port, NAMES, ["s0"], {SEM: CAP}, tmp_path)
 
     def logs() -> str:
         return "\n".join(n.log_tail(20) for n in nodes.values())
 
     try:
         for node in nodes.values():
-            node.wait_started()
-            wait_until(lambda node=node: node.status()["admitting"], 20, f"{node.name} admitting", detail=logs)
+            node.wait_admitting(detail=logs)
         bank = nodes["s0"]  # the only seed: the mint and every slot at genesis
         # The heir is the first member joined after the bank when it chose (kept while it stays joined), then the next.
         wait_until(lambda: len(bank.status()["succession"]) == 3, 20, "the bank's succession", detail=logs)

@@ -60,9 +60,7 @@ def test_nodes_join_and_drain_under_load_and_the_cap_holds(broker: Broker, tmp_p
         return "\n".join(n.log_tail(15) for n in nodes.values())
 
     def admitting(name: str) -> None:
-        node = nodes[name]
-        node.wait_started()
-        wait_until(lambda: node.status()["admitting"], 20, f"{name} admitting", detail=logs)
+        nodes[name].wait_admitting(detail=logs)
 
     flow = Flow(nodes)
     try:

@@ -21,6 +21,7 @@ from tests.coordination.harness import (
     NodeProcess,
     WireAuditor,
     coordination_config,
+    start_nodes,
     wait_until,
 )
 
@@ -48,11 +49,7 @@ class Cluster:
 
     def wait_admitting(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
         for name in names or NODES:
-            node = self.nodes[name]
-            node.wait_started()
-            wait_until(
-                lambda node=node: node.status()["admitting"], timeout, f"{node.name} admitting", detail=self.logs
-            )
+            self.nodes[name].wait_admitting(timeout, detail=self.logs)
 
     def wait_done(self, loads: int, timeout: float = 30.0) -> None:
         wait_until(
@@ -267,19 +264,14 @@ def test_a_persistent_broker_restart_keeps_retained_state_and_wills(tmp_path: Pa
     broker.start()
     names = ["p0", "p1", "p2", "p3"]
     wire = WireAuditor(broker.port, {SEM: 2})
-    nodes = {
-        name: NodeProcess(name, coordination_config(broker.port, ["p0"], {SEM: 2}, tmp_path / "state" / name),
-                          tmp_path).start()
-        for name in names
-    }  # fmt: skip
+    nodes = start_nodes(broker.port, names, ["p0"], {SEM: 2}, tmp_path)
 
     def logs() -> str:
         return "\n".join(n.log_tail(15) for n in nodes.values())
 
     try:
         for node in nodes.values():
-            node.wait_started()
-            wait_until(lambda node=node: node.status()["admitting"], 20, f"{node.name} admitting", detail=logs)
+            node.wait_admitting(detail=logs)
         victim = nodes["p3"]
         victim.burst(1, 60.0, SEM)
         wait_until(lambda: victim.count("hold") == 1, 10, "the victim holding", detail=logs)
