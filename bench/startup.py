@@ -367,26 +367,6 @@ def bare_rss_mb(run: Run) -> float:
     return statistics.median(values)
 
 
-def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    config = workdir / "mosquitto.conf"
-    config.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-        + ("user root\n" if os.geteuid() == 0 else "")
-    )
-    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    proc = subprocess.Popen([mosquitto, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(250):
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, port
-        time.sleep(0.02)
-    proc.kill()
-    raise SystemExit("mosquitto did not start")
-
-
 def rss(run: Run, node: Any, ticks: int, tick: float, bare_mb: float) -> dict[str, Any]:
     off = example_config(run, node, "rss-off", tick)
     off["global"].update({"gate": {"enabled": False}, "http": {"enabled": False}})
@@ -395,6 +375,8 @@ def rss(run: Run, node: Any, ticks: int, tick: float, bare_mb: float) -> dict[st
     with running(run, off, "rss-off") as daemon:
         daemon.wait_ticks(ticks)
         found["off"] = daemon.rss_mb()
+    from bench.cluster import start_mosquitto
+
     broker, port = start_mosquitto(run.work)
     try:
         on["global"]["coordination"] = {
