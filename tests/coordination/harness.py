@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,15 @@ def start_nodes(
         name: NodeProcess(name, coordination_config(port, seeds, semaphores, workdir / "state" / name), workdir).start()
         for name in names
     }
+
+
+def stop_nodes(nodes: Iterable[NodeProcess]) -> None:
+    """SIGTERM every node at once (they drain together), then wait for each."""
+    nodes = list(nodes)
+    for node in nodes:
+        node.terminate()
+    for node in nodes:
+        node.stop()
 
 
 class LoadAuditor:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.coordination.conftest import Broker
-from tests.coordination.harness import TIMINGS, LoadAuditor, WireAuditor, start_nodes, wait_until
+from tests.coordination.harness import TIMINGS, LoadAuditor, WireAuditor, start_nodes, stop_nodes, wait_until
 
 CAP = 3
 SEM = "prepare"
@@ -82,8 +82,5 @@ def test_the_next_in_the_banks_succession_takes_over_when_bank_and_heir_are_down
         assert not wire.violations and not wire.malformed, (wire.violations[:1], wire.malformed[:1])
         assert wire.max_total[SEM] == CAP
     finally:
-        for node in nodes.values():
-            node.terminate()
-        for node in nodes.values():
-            node.stop()
+        stop_nodes(nodes.values())
         wire.close()

@@ -7,7 +7,14 @@ import time
 from pathlib import Path
 
 from tests.coordination.conftest import Broker
-from tests.coordination.harness import LoadAuditor, NodeProcess, WireAuditor, coordination_config, wait_until
+from tests.coordination.harness import (
+    LoadAuditor,
+    NodeProcess,
+    WireAuditor,
+    coordination_config,
+    stop_nodes,
+    wait_until,
+)
 
 CAP = 4
 SEM = "prepare"
@@ -133,8 +140,5 @@ def test_nodes_join_and_drain_under_load_and_the_cap_holds(broker: Broker, tmp_p
         assert churn_seconds < 45
     finally:
         flow.stopped.set()
-        for node in nodes.values():
-            node.terminate()
-        for node in nodes.values():
-            node.stop()
+        stop_nodes(nodes.values())
         wire.close()

@@ -22,6 +22,7 @@ from tests.coordination.harness import (
     WireAuditor,
     coordination_config,
     start_nodes,
+    stop_nodes,
     wait_until,
 )
 
@@ -65,10 +66,7 @@ class Cluster:
         assert not self.wire.malformed, self.wire.malformed[:3]
 
     def close(self) -> None:
-        for node in self.nodes.values():
-            node.terminate()
-        for node in self.nodes.values():
-            node.stop()
+        stop_nodes(self.nodes.values())
         self.wire.close()
         if self.proxy is not None:
             self.proxy.close()
@@ -305,9 +303,6 @@ def test_a_persistent_broker_restart_keeps_retained_state_and_wills(tmp_path: Pa
         assert loads.max_held(SEM) <= 2 and loads.max_held(SEM, since=after) == 2
         assert not wire.violations and not wire.malformed, (wire.violations[:1], wire.malformed[:1])
     finally:
-        for node in nodes.values():
-            node.terminate()
-        for node in nodes.values():
-            node.stop()
+        stop_nodes(nodes.values())
         wire.close()
         broker.stop()
