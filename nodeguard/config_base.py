@@ -55,6 +55,13 @@ class Model(BaseModel):
         return value
 
 
+class LazyModel(Model):
+    """A Model whose validator is built when first used, not at import: for what a daemon may never validate
+    (the gate's requests and state file when the gate is off), so starting it costs less."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
 _BOOL_ERROR = PydanticCustomError("bool_not_number", "true/false given where a number or text is expected")
 Where = tuple[int | str, ...]
 

@@ -31,13 +31,13 @@ from nodeguard.config import Document, Settings, load_document
 from nodeguard.coordination.switch import coordination_service
 from nodeguard.early_signals import EARLY, STOPS
 from nodeguard.errors import ConfigError, ConfigUnreadable
-from nodeguard.gate.service import GateService
+from nodeguard.gate.switch import gate_service
 from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.node_identity import node_name
 from nodeguard.policy import outcome, planner
-from nodeguard.policy.metrics import CAPABILITIES, Resource
+from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.outcome import HoldTimes
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
@@ -90,6 +90,15 @@ MAX_PASSES = 8
 def hold_times(settings: Settings) -> HoldTimes:
     seconds = settings.guard.failed_write_backoff_seconds
     return HoldTimes(seconds, 20 * seconds)
+
+
+def memory_objectives(settings: Settings) -> bool:
+    """Whether an objective reads the workloads' memory.high or memory.pressure (memory throttling, memory stall)."""
+    return any(
+        o.metric == Metric.PROTECTED_MEMORY_STALL
+        or (o.action == "throttle" and CAPABILITIES[o.metric].resource is Resource.MEMORY)
+        for o in settings.guard.objectives
+    )
 
 
 def held_counts(ledger: Ledger) -> dict[str, int]:
@@ -153,6 +162,7 @@ class Daemon:
         self.dry_run = dry_run
         self.settings = effective(settings, dry_run)
         self.sensor = Sensor(self.settings)
+        self._memory_objectives = memory_objectives(self.settings)
         actuation = self.settings.actuation
         self.writer = CgroupWriter(self.sensor.layout.writable, dry_run=actuation.dry_run)
         self.levers = levers.build(self.writer, self.sensor.layout.version)
@@ -175,7 +185,7 @@ class Daemon:
         self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn)
         self.holds = hold_times(self.settings)
         self.coordination = coordination_service(self.settings.coordination, node or node_name())
-        self.gate = GateService(
+        self.gate = gate_service(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
         )
         self.state = GuardState()
@@ -245,6 +255,8 @@ class Daemon:
 
     def tick(self) -> Plan:
         started = time.monotonic()
+        # Held memory.high is read until it is given back (drift, restore), whatever the objectives say now.
+        self.sensor.follow_memory(self._memory_objectives or bool(self.ledger.of(MemoryHighLever.name)))
         snapshot = self.sensor.sense()
         if self.kube is not None:
             snapshot = self.kube.enrich(snapshot)  # no I/O: the cache the refresh task keeps
@@ -425,6 +437,7 @@ class Daemon:
             )
         self.settings = new
         self.sensor.reconfigure(new)
+        self._memory_objectives = memory_objectives(new)
         self.holds = hold_times(new)
         self.gate.reconfigure(new.gate)
         self.coordination.reconfigure(new.coordination)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +21,9 @@ from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max, shares_to
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BUSY_LOOP = "while True: pass"
+# Prepended to a process's code when its start is awaited (wait_started): one byte on its stdout once its
+# interpreter is up, just before its loop. Under emulation an interpreter takes about a second to start.
+ANNOUNCE = "import os; os.write(1, b'.')\n"
 
 
 def v2_mount() -> Path | None:
@@ -106,12 +111,24 @@ def cgroups(*paths: Path) -> Iterator[list[Path]]:
             remove_cgroup(path)
 
 
-def start_busy(*groups: Path) -> subprocess.Popen[bytes]:
-    """A real CPU-burning process placed in every given group (one per hierarchy)."""
-    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP])
+def start_busy(*groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
+    """A real CPU-burning process placed in every given group (one per hierarchy); ``announce``: see ANNOUNCE."""
+    code = ANNOUNCE + BUSY_LOOP if announce else BUSY_LOOP
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE if announce else None)
     for group in groups:
         (group / "cgroup.procs").write_text(str(proc.pid))
     return proc
+
+
+def wait_started(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Until every process started with ``announce`` is in its loop; fails when one exits or is late."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        if proc.stdout is None:
+            continue
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"process {proc.pid} not started within {timeout:g} s"
+        assert os.read(proc.stdout.fileno(), 1) == b".", f"process {proc.pid} exited with {proc.wait()}"
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -234,8 +251,8 @@ class KubeletPod:
     container: str
     inner: str
 
-    def start_busy(self) -> subprocess.Popen[bytes]:
-        return start_busy(*self.hierarchy.dirs(self.inner))
+    def start_busy(self, announce: bool = False) -> subprocess.Popen[bytes]:
+        return start_busy(*self.hierarchy.dirs(self.inner), announce=announce)
 
 
 def pod_uid() -> str:

@@ -171,14 +171,15 @@ sys.exit(main(["run", "--dry-run", "--config", sys.argv[1]]))
 """
 
 
-def test_a_daemon_without_coordination_or_kubernetes_does_not_import_them(tmp_path: Path) -> None:
-    """`nodeguard run` with the example kubernetes config (coordination and Kubernetes off; gate and HTTP on), JSON logs, two ticks: no aiomqtt, paho, httpx or rich, nor the coordination service or the Kubernetes client."""
+def daemon_modules(tmp_path: Path, gate: dict[str, Any]) -> list[str]:
+    """The modules `nodeguard run` with the example kubernetes config (coordination and Kubernetes off) and this
+    gate section has loaded after two ticks (JSON logs, HTTP on)."""
     config = json.loads(EXAMPLE.read_text())
     assert not config["global"].get("coordination", {}).get("enabled", False)
     assert not config["global"].get("kubernetes", {}).get("enabled", False)
     config["global"]["sensing"].update({"cgroupRoot": "/sys/fs/cgroup", "tickSeconds": 0.05})
     config["global"]["actuation"] = {"ledgerPath": str(tmp_path / "ledger.json")}
-    config["global"]["gate"] = {"socket": str(tmp_path / "gate.sock")}
+    config["global"]["gate"] = {"socket": str(tmp_path / "gate.sock"), **gate}
     config["global"]["http"] = {"listen": "127.0.0.1:0"}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
@@ -191,6 +192,19 @@ def test_a_daemon_without_coordination_or_kubernetes_does_not_import_them(tmp_pa
     )
     lines = [line for line in result.stdout.decode().splitlines() if line.startswith("MODULES ")]
     assert result.returncode == 0 and lines, result.stdout.decode() + result.stderr.decode()
-    modules = json.loads(lines[-1].removeprefix("MODULES "))
+    return list(json.loads(lines[-1].removeprefix("MODULES ")))
+
+
+def test_a_daemon_without_coordination_or_kubernetes_does_not_import_them(tmp_path: Path) -> None:
+    """`nodeguard run` with coordination and Kubernetes off (gate and HTTP on), two ticks: no aiomqtt, paho, httpx or rich, nor the coordination service or the Kubernetes client."""
+    modules = daemon_modules(tmp_path, {})
     assert "nodeguard.gate.service" in modules and "structlog" in modules  # it did run, with its gate and logs
     assert loaded(modules, NEVER_IN_PLAIN_DAEMON) == []
+
+
+def test_a_daemon_with_the_gate_off_does_not_import_the_gate(tmp_path: Path) -> None:
+    """`nodeguard run` with the gate off, two ticks: none of the gate's service, server, protocol or state file."""
+    modules = daemon_modules(tmp_path, {"enabled": False})
+    assert "nodeguard.surfaces.metrics" in modules  # it did run, serving its metrics
+    gate = ("nodeguard.gate.service", "nodeguard.gate.server", "nodeguard.gate.protocol", "nodeguard.gate.store")
+    assert loaded(modules, NEVER_IN_PLAIN_DAEMON + gate) == []

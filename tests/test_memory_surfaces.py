@@ -6,7 +6,8 @@ from prometheus_client import generate_latest
 
 from nodeguard.actuators.cgroup_writer import WriteCounters
 from nodeguard.actuators.changes import Change, Done
-from nodeguard.daemon import DaemonView
+from nodeguard.config import Settings
+from nodeguard.daemon import DaemonView, memory_objectives
 from nodeguard.kubernetes.events import LEVER_KINDS, describe_change
 from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState, HeldMemory
@@ -51,3 +52,17 @@ def test_events_name_the_memory_lever_and_its_values() -> None:
     assert LEVER_KINDS[("memory.high", True)][0] == "NodeguardMemoryThrottled"
     message = describe_change(done)
     assert "memory.high max ->" in message and "MiB" in message
+
+
+def test_only_memory_objectives_make_the_daemon_read_memory_high_and_pressure() -> None:
+    """Memory throttle and protected_memory_stall objectives need the workloads' memory files; CPU and evict do not."""
+    cpu = {"metric": "cpu_total_usage", "action": "throttle", "threshold": 1.5, "restoreBelow": 1.0}
+    evict = {"metric": "memory_total_utilization", "action": "evict", "threshold": "95%"}
+    stall = {"metric": "protected_memory_stall", "action": "throttle", "threshold": "5%", "restoreBelow": "1%"}
+    throttle = {"metric": "memory_total_utilization", "action": "throttle", "threshold": "90%", "restoreBelow": "80%"}
+
+    def needs(*objectives: dict[str, object]) -> bool:
+        return memory_objectives(Settings.model_validate({"guard": {"objectives": list(objectives)}}))
+
+    assert not needs(cpu, evict)
+    assert needs(cpu, stall) and needs(throttle) and needs(evict, throttle)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.realcgroups import ANNOUNCE
+
 # Spins for `share` of every 100 ms window and sleeps the rest, by wall time, so
 # it uses about `share` of a core on any machine speed until a quota holds it back.
 DUTY_CYCLE = """
@@ -23,8 +25,10 @@ while True:
 """
 
 
-def start_duty_cycle(share: float, *groups: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", DUTY_CYCLE, str(share)])
+def start_duty_cycle(share: float, *groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
+    """``share`` of a core, in every given group; ``announce``: see realcgroups.ANNOUNCE."""
+    code = ANNOUNCE + DUTY_CYCLE if announce else DUTY_CYCLE
+    proc = subprocess.Popen([sys.executable, "-c", code, str(share)], stdout=subprocess.PIPE if announce else None)
     for group in groups:
         (group / "cgroup.procs").write_text(str(proc.pid))
     return proc

@@ -15,13 +15,14 @@ responses may come out of order: match them by ``id``.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, field_validator
 
-from nodeguard.config_base import Model, format_location
+from nodeguard.config_base import LazyModel, format_location
 from nodeguard.errors import NodeguardError
 from nodeguard.gate.readiness import Readiness
 from nodeguard.preview import json_preview
@@ -47,7 +48,7 @@ LoadName = Annotated[str, AfterValidator(_check_name)]
 RequestId = int | Annotated[str, Field(max_length=128)] | None
 
 
-class _Request(Model):
+class _Request(LazyModel):
     id: RequestId = None
 
 
@@ -107,7 +108,14 @@ class Ping(_Request):
 
 
 Request = Submit | Wait | Ready | Release | Cancel | Attach | StatusRequest | Ping
-_REQUEST: TypeAdapter[Request] = TypeAdapter(Annotated[Request, Field(discriminator="op")])
+
+
+@functools.cache
+def request_adapter() -> TypeAdapter[Request]:
+    """The requests' validator, built on first use (the gate warms it off the event loop when it starts serving)."""
+    return TypeAdapter(Annotated[Request, Field(discriminator="op")])
+
+
 OPS = ("submit", "wait", "ready", "release", "cancel", "attach", "status", "ping")
 
 
@@ -136,7 +144,7 @@ def parse_request(line: bytes) -> Request:
     if op not in OPS:
         raise ProtocolError(f"op: expected one of {', '.join(OPS)}, got {json_preview(op, 60)}", request_id)
     try:
-        return _REQUEST.validate_python(data, strict=True)
+        return request_adapter().validate_python(data, strict=True)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         details = [_render(error) for error in errors[:MAX_DETAILS]]

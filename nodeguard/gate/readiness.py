@@ -16,19 +16,19 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, TypeAdapter, field_validator
+from pydantic import Field, field_validator
 
-from nodeguard.config_base import Model
+from nodeguard.config_base import LazyModel
 from nodeguard.netaddr import split_host_port
 
 
-class _Timing(Model):
+class _Timing(LazyModel):
     period_seconds: float = Field(1.0, ge=0.05, le=3600, description="from one probe to the next")
     timeout_seconds: float = Field(1.0, gt=0, le=3600, description="one probe fails after this")
     success_threshold: int = Field(1, ge=1, le=100, description="consecutive successes that make the load ready")
 
 
-class NotifyReadiness(Model):
+class NotifyReadiness(LazyModel):
     """The client reports ``ready`` itself."""
 
     type: Literal["notify"]
@@ -88,7 +88,6 @@ class TcpProbe(_Timing):
 
 Probe = ExecProbe | HttpProbe | TcpProbe
 Readiness = Annotated[NotifyReadiness | ExecProbe | HttpProbe | TcpProbe, Field(discriminator="type")]
-READINESS: TypeAdapter[Readiness] = TypeAdapter(Readiness)
 
 
 def dump_readiness(readiness: Readiness | None) -> dict[str, Any] | None:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from nodeguard.gate import store
 from nodeguard.gate.loads import GateRefused, LoadTable
 from nodeguard.gate.policy import Limits, SignalWindow
-from nodeguard.gate.protocol import ProtocolError, error, parse_request
+from nodeguard.gate.protocol import ProtocolError, error, parse_request, request_adapter
 from nodeguard.gate.requests import Requests
 from nodeguard.gate.server import (
     Connection,
@@ -59,6 +59,14 @@ if TYPE_CHECKING:
     from nodeguard.coordination.switch import Coordination
 
 log = get_logger("nodeguard.gate")
+
+
+def _warm_up() -> None:
+    """What the first client would otherwise wait for: psutil (peer checks), the requests' validator."""
+    load_psutil()
+    request_adapter()
+
+
 CLIENT_GRACE = 10.0  # seconds a restored load's client has to attach again (the lease, with coordination)
 
 
@@ -126,7 +134,7 @@ class GateService:
         self._problem = problem
 
     async def _serve_once(self) -> None:
-        await asyncio.to_thread(load_psutil)  # off the event loop: ticks go on meanwhile
+        await asyncio.to_thread(_warm_up)  # off the event loop: ticks go on meanwhile
         try:
             listening = bind(self.settings)
         except (ValueError, OSError) as exc:  # a path the kernel refuses (NUL byte, too long) is a ValueError

@@ -9,6 +9,7 @@ boot; the file records the boot it belongs to and is ignored after a reboot
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -19,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, TypeAdapter, ValidationError
 
 from nodeguard.atomic_file import UnsafeFile, keep_copy, read_state_file, set_aside, write_atomic
-from nodeguard.config_base import Model, format_location
+from nodeguard.config_base import LazyModel, format_location
 from nodeguard.gate.protocol import MAX_START_TIMEOUT, LoadName
 from nodeguard.gate.readiness import Readiness, dump_readiness
 from nodeguard.gate.states import Load, LoadSpec, LoadState
@@ -65,7 +66,7 @@ Id = Annotated[int, Field(ge=0, lt=2**32 - 1)]
 Moment = Annotated[float, Field(ge=0)]  # CLOCK_MONOTONIC seconds; finite (the base model refuses inf and NaN)
 
 
-class _Record(Model):
+class _Record(LazyModel):
     """One load as the state file holds it: every field checked as strictly as a client's submit."""
 
     name: LoadName
@@ -87,11 +88,14 @@ class _Record(Model):
     finished_at: Moment | None
 
 
-_RECORD: TypeAdapter[_Record] = TypeAdapter(_Record)
+@functools.cache
+def record_adapter() -> TypeAdapter[_Record]:
+    """The state file's record validator, built on first use (a gate with no state file never needs it)."""
+    return TypeAdapter(_Record)
 
 
 def _load(raw: object, now: float) -> Load:
-    record = _RECORD.validate_python(raw, strict=True)
+    record = record_adapter().validate_python(raw, strict=True)
     if not record.submitted_at <= record.admitted_at <= now + _CLOCK_SLACK:
         raise ValueError("admittedAt is before submittedAt or in the future: not a time of this boot")
     state = LoadState(record.state)

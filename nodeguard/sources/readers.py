@@ -130,7 +130,7 @@ class V2Reader:
     # and a bytes comparison costs a fraction of a parse. Off only to measure.
     reuse_unchanged = True
 
-    def __init__(self, path: str, proc_root: str | None = "/proc") -> None:
+    def __init__(self, path: str, proc_root: str | None = "/proc", memory: bool = True) -> None:
         self.path = path
         self._last: _Parsed = _UNREAD
         stat = open_optional(path + "/cpu.stat")
@@ -142,9 +142,18 @@ class V2Reader:
         self._max = open_optional(path + "/cpu.max")
         self._psi = open_optional(path + "/cpu.pressure")
         self._mem = open_optional(path + "/memory.current")
-        self._high = open_optional(path + "/memory.high")
-        self._mem_psi = open_optional(path + "/memory.pressure")
+        self._high = self._mem_psi = _ABSENT
+        self.follow_memory(memory)
         self._wait = TaskWait(subtree(path), proc_root, "cgroup.threads") if proc_root is not None else None
+
+    def follow_memory(self, on: bool) -> None:
+        """Read memory.high and memory.pressure each sample, or not (no memory objective: two reads saved)."""
+        if on and self._high == _ABSENT == self._mem_psi:
+            self._high = open_optional(self.path + "/memory.high")
+            self._mem_psi = open_optional(self.path + "/memory.pressure")
+        elif not on:
+            _close_all([self._high, self._mem_psi])
+            self._high = self._mem_psi = _ABSENT
 
     def rescan(self) -> None:
         """Follow the threads of descendants that appeared or left since (containers starting, stopping)."""
@@ -247,6 +256,9 @@ class V1Reader:
         """Follow the threads of descendants that appeared or left since (containers starting, stopping)."""
         if self._wait is not None:
             self._wait.watch(subtree(self.path))
+
+    def follow_memory(self, on: bool) -> None:
+        """cgroup v1 has neither memory.high nor memory.pressure: nothing to follow."""
 
     def sample(self, threads: bool = True) -> RawSample:
         """One reading; ``threads``: follow its threads' waits too (skipped for idle workloads)."""

@@ -35,9 +35,9 @@ class SensorSettings(Protocol):
 ACTIVE_CORES = 0.005
 
 
-def open_reader(layout: CgroupLayout, workload_id: str, proc_root: str = "/proc") -> CgroupReader:
+def open_reader(layout: CgroupLayout, workload_id: str, proc_root: str = "/proc", memory: bool = True) -> CgroupReader:
     if layout.version == "v2":
-        return V2Reader(f"{layout.tree}/{workload_id}", proc_root)
+        return V2Reader(f"{layout.tree}/{workload_id}", proc_root, memory)
     assert layout.cpu is not None and layout.cpuacct is not None
     return V1Reader(
         f"{layout.cpu}/{workload_id}",
@@ -62,6 +62,7 @@ class Sensor:
         self._previous: Snapshot | None = None
         self._warnings = RateLimiter(60.0)
         self.skipped = 0  # workload reads that failed and were skipped, all ticks
+        self.memory = True  # read each workload's memory.high and memory.pressure (v2); see follow_memory
         try:
             with open(f"{settings.sensing.proc_root}/self/cgroup", encoding="utf-8") as handle:
                 self._own_path = own_cgroup_path(handle.read(), self.layout.version)
@@ -71,6 +72,13 @@ class Sensor:
     def reconfigure(self, settings: SensorSettings) -> None:
         self.settings = settings
         self._next_discovery = float("-inf")
+
+    def follow_memory(self, on: bool) -> None:
+        """Whether samples carry memory.high and memory.pressure (memory objectives and held memory.high use them)."""
+        if on != self.memory:
+            self.memory = on
+            for _, reader in self._readers.values():
+                reader.follow_memory(on)
 
     def rediscover(self) -> None:
         sensing = self.settings.sensing
@@ -90,7 +98,10 @@ class Sensor:
                     held[1].rescan()
                 continue
             try:
-                self._readers[workload_id] = (workload, open_reader(self.layout, workload_id, sensing.proc_root))
+                self._readers[workload_id] = (
+                    workload,
+                    open_reader(self.layout, workload_id, sensing.proc_root, self.memory),
+                )
             except CgroupGone:
                 continue
             except (OSError, ValueError) as exc:

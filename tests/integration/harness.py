@@ -69,13 +69,18 @@ class ShapedNode:
     def start(
         self, burners: int = BURNERS, important_share: float = 0.3, burner_shares: list[float] | None = None
     ) -> None:
-        """The important workload wakes for ``important_share`` of each 100 ms; burners spin (or run duty cycles)."""
-        self.procs.append(start_duty_cycle(important_share, *self.hierarchy.dirs(self.important.inner)))
+        """The important workload wakes for ``important_share`` of each 100 ms; burners spin (or run duty cycles).
+
+        Returns once every one of them runs its loop (in the emulated VM their interpreters take seconds to start).
+        """
+        started = [start_duty_cycle(important_share, *self.hierarchy.dirs(self.important.inner), announce=True)]
         for i, pod in enumerate(self.burners[:burners]):
             if burner_shares is None:
-                self.procs.append(pod.start_busy())
+                started.append(pod.start_busy(announce=True))
             else:
-                self.procs.append(start_duty_cycle(burner_shares[i], *self.hierarchy.dirs(pod.inner)))
+                started.append(start_duty_cycle(burner_shares[i], *self.hierarchy.dirs(pod.inner), announce=True))
+        self.procs += started
+        rc.wait_started(started, 30 * SLOW)
 
     def stop_burners(self) -> None:
         for proc in self.procs[1:]:

@@ -54,9 +54,10 @@ def daemon(node: ShapedNode, tmp_path: Path) -> Iterator[DaemonProcess]:
     baseline = node_cores(1.0)
     threshold = min(baseline + 1.0, count_cpus(Path("/proc/stat").read_text()) - 0.5)
     node.start(important_share=IMPORTANT_SHARE, burner_shares=BURNER_SHARES)
-    # Let the burners reach their steady share before the first tick sees them (in the VM too, where the daemon now
-    # starts before its emulated Python burners are all running: every burner was throttled as each came up).
-    time.sleep(1.5 * SLOW)
+    # start() returns once every process runs its loop (without that, in the VM, the daemon's first tick came
+    # before its emulated Python burners were all running: every burner was throttled as each came up). Then
+    # let them reach their steady shares before the first tick sees them.
+    time.sleep(1.5)
     # A throttle aims 4 % of the node under the waterline: what the daemon, this test and the rest of the machine
     # add between two ticks must not put the node back over it (2 % was seen to fall short).
     config = node.config(tmp_path / "run/ledger.json", objectives(threshold), restoreStepPercent=25,

@@ -61,7 +61,7 @@ def waterline(node_cpus: int) -> float:
 def daemon(node: ShapedNode, tmp_path: Path) -> Iterator[DaemonProcess]:
     threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
     node.start()
-    time.sleep(1.0 * SLOW)  # the burners running before the daemon's first tick, in the emulated VM too
+    time.sleep(1.0)  # start() waited for every burner's loop; then their steady shares before the first tick
     process = DaemonProcess(config(node, tmp_path / "run/ledger.json", threshold), tmp_path)
     process.threshold = threshold  # type: ignore[attr-defined]
     try:

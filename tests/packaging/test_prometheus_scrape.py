@@ -38,6 +38,8 @@ PROMETHEUS = shutil.which("prometheus")
 NODE = "ng-scrape"
 DEADLINE = 45.0  # seconds for every query to return data; it takes about 10 on a quiet machine
 LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+ANNOTATION_LABEL = re.compile(r"\$labels\.(\w+)")
+COMPARISON = re.compile(r"(==|!=|>=|<=|>|<)(?!\s*bool\b)")
 # Queries that cannot return a series here, each with why. Asserted precisely: the query is empty and the metric
 # has no sample in the daemon's own /metrics (only its HELP and TYPE lines).
 NO_SERIES_HERE = {
@@ -183,6 +185,45 @@ def scraped_daemon(prometheus_dir: Path) -> Iterator[tuple[str, DaemonProcess]]:
         broker.stop()
 
 
+def with_bool(expr: str) -> str:
+    """The expression with every comparison made a ``bool`` one: each series it compares is kept, valued 0 or 1.
+
+    So the alert's expression returns the series (and labels) it would fire with, whether or not its condition
+    holds now. Comparisons inside label matchers (``{job="x"}``) and strings are left alone.
+    """
+    out, depth, quote = [], 0, ""
+    i = 0
+    while i < len(expr):
+        char = expr[i]
+        if quote:
+            quote = "" if char == quote and expr[i - 1] != "\\" else quote
+        elif char in "\"'`":
+            quote = char
+        elif char in "{}":
+            depth += 1 if char == "{" else -1
+        elif depth == 0 and (match := COMPARISON.match(expr, i)):
+            out.append(match.group(1) + " bool")
+            i = match.end()
+            continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
+
+
+def test_with_bool_turns_each_comparison_outside_matchers_into_a_bool_one() -> None:
+    """Comparisons between vectors and scalars get ``bool``; label matchers, strings and present ``bool``s do not."""
+    assert with_bool('up{job="nodeguard"} == 0') == 'up{job="nodeguard"} == bool 0'
+    assert with_bool('a{x!="1",y=~">"} >= 2 or b < bool 1') == 'a{x!="1",y=~">"} >= bool 2 or b < bool 1'
+    assert with_bool("100 * a > on (job) group_left () min by (job) (b)") == (
+        "100 * a > bool on (job) group_left () min by (job) (b)"
+    )
+    assert [with_bool(rule["expr"]).count(" bool") for rule in alert_rules()] == [1, 1, 1, 2, 1, 1, 2]
+
+
 def expand(expr: str, metric: str) -> str:
     """The expression as Grafana sends it with every node selected and one guard metric."""
     return expr.replace("$node", ".*").replace("$metric", metric)
@@ -199,7 +240,7 @@ def test_every_dashboard_query_and_alert_metric_returns_series(scraped_daemon: t
     base, daemon = scraped_daemon
     targets = dashboard_targets()
     assert len(targets) >= 20
-    alert_exprs = [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    alert_exprs = [rule["expr"] for rule in alert_rules()]
     alert_metrics = sorted({name for expr in alert_exprs for name in METRIC_NAME.findall(expr)})
 
     def empty() -> list[str]:
@@ -263,6 +304,16 @@ def test_every_dashboard_query_and_alert_metric_returns_series(scraped_daemon: t
         for _, expr, _ in targets:
             if name in expr:
                 assert query(base, expand(expr, "")) == [], expr
+    # Each alert's expression, its comparisons made bool ones, returns the series it would fire with, and they carry
+    # every label its annotations name (the alerts' conditions do not hold here: a healthy node).
+    for rule in alert_rules():
+        series = query(base, with_bool(rule["expr"]))
+        wanted = {"job", "instance"} | set(ANNOTATION_LABEL.findall(json.dumps(rule["annotations"])))
+        assert series, (rule["alert"], with_bool(rule["expr"]))
+        for one in series:
+            assert wanted <= set(one["metric"]), (rule["alert"], sorted(wanted - set(one["metric"])), one)
+            assert one["metric"]["instance"] == instances[0], (rule["alert"], one)
+            assert one["value"][1] in ("0", "1"), (rule["alert"], one)
     # Prometheus loaded the shipped rules and evaluated each one without error.
     rules = [r for g in api(base, "rules")["groups"] for r in g["rules"]]
     assert {r["name"] for r in rules} == {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"]

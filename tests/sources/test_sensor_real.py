@@ -84,6 +84,29 @@ def test_v2_mount_reads_usage_and_pressure(v1_group: tuple[str, Path, Path]) -> 
     assert usage.cpu_stall_pct is not None and usage.cpu_stall_pct > 10
 
 
+def test_memory_pressure_is_read_only_while_followed(v1_group: tuple[str, Path, Path]) -> None:
+    """Hybrid host: a workload's memory.pressure is in its samples while the sensor follows memory, and not after."""
+    reason = rc.why_no_v2_of("hybrid")
+    if reason:
+        pytest.skip(reason)
+    mount = rc.v2_mount()
+    assert mount is not None
+    name = v1_group[0]
+    with rc.cgroups(mount / name):
+        sensor = Sensor(settings_for(mount, "v2", name))
+        try:
+            followed = sensor.sense().workloads[name]
+            sensor.follow_memory(False)
+            unfollowed = sensor.sense().workloads[name]
+            sensor.follow_memory(True)
+            again = sensor.sense().workloads[name]
+        finally:
+            sensor.close()
+    assert followed.memory_pressure is not None
+    assert unfollowed.memory_pressure is None and unfollowed.memory_high is None
+    assert again.memory_pressure is not None
+
+
 @pytest.mark.kernel
 def test_pure_v2_reads_quota_usage_throttling_memory_and_pressure() -> None:
     """Pure cgroup v2: a process under a 0.4-core cpu.max reads as ~0.4 cores, throttled, with memory and PSI."""
@@ -96,6 +119,8 @@ def test_pure_v2_reads_quota_usage_throttling_memory_and_pressure() -> None:
         sensor = Sensor(settings_for(mount, "v2", name))
         try:
             snapshot = sense_over(sensor, 1.5)
+            sensor.follow_memory(False)  # no memory objective, nothing held: neither file is read
+            unfollowed = sensor.sense().workloads[name]
         finally:
             rc.stop(busy)
             sensor.close()
@@ -105,6 +130,9 @@ def test_pure_v2_reads_quota_usage_throttling_memory_and_pressure() -> None:
     assert usage.throttled_fraction is not None and usage.throttled_fraction > 0.5
     assert usage.memory_bytes is not None and usage.memory_bytes > 0
     assert usage.cpu_stall_pct is not None and usage.cpu_stall_pct > 10
+    assert usage.memory_high == float("inf") and usage.memory_pressure is not None
+    assert unfollowed.memory_high is None and unfollowed.memory_pressure is None
+    assert unfollowed.memory_bytes is not None  # memory.current still is: evict objectives read it
 
 
 @pytest.mark.parametrize("kind", rc.V2_KINDS)
@@ -137,8 +165,9 @@ def test_reader_reuses_unchanged_files_and_sees_changes(tmp_path: Path) -> None:
     from nodeguard.sources.readers import V2Reader
 
     (tmp_path / "cpu.stat").write_text("usage_usec 10\nnr_periods 1\nnr_throttled 0\nthrottled_usec 0\n")
-    (tmp_path / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n"
-                                           "full avg10=0.00 avg60=0.00 avg300=0.00 total=1\n")
+    (tmp_path / "cpu.pressure").write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=5\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n"
+    )
     (tmp_path / "cpu.max").write_text("max 100000\n")
     reader = V2Reader(str(tmp_path))
     try:
