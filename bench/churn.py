@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -390,9 +391,17 @@ class Churn:
 
 def run_churn(nodes: int, seconds: float, seed: int, cap: int, per_node: int) -> dict[str, Any]:
     churn = Churn(nodes, seconds, seed, cap)
-    result = churn.run(per_node)
+    try:
+        result = churn.run(per_node)
+    except BaseException:
+        sys.stderr.write(f"state and logs kept in {churn.tmp}\n")
+        raise
     result["seed"] = seed
     sys.stderr.write(
         "\n".join(churn.events) + f"\nlongest stall from {churn.stall_window[0]:.2f} to {churn.stall_window[1]:.2f}\n"
     )
+    if result.get("violations"):
+        sys.stderr.write(f"state and logs kept in {churn.tmp}\n")
+    else:  # the nodes' state and logs are in /dev/shm: memory
+        shutil.rmtree(churn.tmp, ignore_errors=True)
     return result
