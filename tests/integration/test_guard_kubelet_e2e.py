@@ -35,8 +35,8 @@ GUARANTEED_LIMIT = CpuMax(50000)
 SETTLE_TICKS = 8  # ticks after convergence that must stay under the waterline
 # How far one reading may stray over the waterline in those ticks: the noise of a shared machine on one tick's node
 # CPU; an oscillation swings further, and shows in the mean too. Under emulation one tick read a full 0.1 over
-# (1.5 at a 1.4 waterline, the ticks around it at 1.18-1.32) with nothing throttled back: whatever else the guest
-# runs in a tick (the test's own Python, the daemon's) costs 20 to 40 times what it does here.
+# (1.5 at a 1.4 waterline, the ticks around it at 1.18-1.32): whatever else the guest runs in a tick (the test's
+# own Python, the daemon's) costs 16 to 40 times what it does here.
 NOISE_CORES = 0.2 if SLOW > 1 else 0.1
 
 
