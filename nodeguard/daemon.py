@@ -256,7 +256,7 @@ class Daemon:
     def tick(self) -> Plan:
         started = time.monotonic()
         # Held memory.high is read until it is given back (drift, restore), whatever the objectives say now.
-        self.sensor.follow_memory(self._memory_objectives or bool(self.ledger.of(MemoryHighLever.name)))
+        self.sensor.follow_memory(self._memory_objectives or self.ledger.holds(MemoryHighLever.name))
         snapshot = self.sensor.sense()
         if self.kube is not None:
             snapshot = self.kube.enrich(snapshot)  # no I/O: the cache the refresh task keeps

@@ -111,13 +111,18 @@ def cgroups(*paths: Path) -> Iterator[list[Path]]:
             remove_cgroup(path)
 
 
-def start_busy(*groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
-    """A real CPU-burning process placed in every given group (one per hierarchy); ``announce``: see ANNOUNCE."""
-    code = ANNOUNCE + BUSY_LOOP if announce else BUSY_LOOP
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE if announce else None)
+def start_in(groups: tuple[Path, ...], code: str, *args: str, announce: bool = False) -> subprocess.Popen[bytes]:
+    """``python -c code args`` placed in every given group (one per hierarchy); ``announce``: see ANNOUNCE."""
+    code = ANNOUNCE + code if announce else code
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE if announce else None)
     for group in groups:
         (group / "cgroup.procs").write_text(str(proc.pid))
     return proc
+
+
+def start_busy(*groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
+    """A real CPU-burning process placed in every given group (one per hierarchy)."""
+    return start_in(groups, BUSY_LOOP, announce=announce)
 
 
 def wait_started(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.realcgroups import ANNOUNCE
+from tests.realcgroups import start_in
 
 # Spins for `share` of every 100 ms window and sleeps the rest, by wall time, so
 # it uses about `share` of a core on any machine speed until a quota holds it back.
@@ -27,11 +27,7 @@ while True:
 
 def start_duty_cycle(share: float, *groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
     """``share`` of a core, in every given group; ``announce``: see realcgroups.ANNOUNCE."""
-    code = ANNOUNCE + DUTY_CYCLE if announce else DUTY_CYCLE
-    proc = subprocess.Popen([sys.executable, "-c", code, str(share)], stdout=subprocess.PIPE if announce else None)
-    for group in groups:
-        (group / "cgroup.procs").write_text(str(proc.pid))
-    return proc
+    return start_in(groups, DUTY_CYCLE, str(share), announce=announce)
 
 
 # The probe: a fixed unit of CPU work released every PROBE_PERIOD_S (at t0 + k * period; a late

@@ -165,6 +165,10 @@ class Ledger:
         """One lever's records, by group."""
         return {group: record for (name, group), record in self.records.items() if name == lever}
 
+    def holds(self, lever: str) -> bool:
+        """Whether any group's ``lever`` is held (read every tick: stops at the first)."""
+        return any(name == lever for name, _ in self.records)
+
     def get(self, lever: str, group: str) -> LeverRecord | None:
         return self.records.get((lever, group))
 

@@ -59,15 +59,13 @@ if TYPE_CHECKING:
     from nodeguard.coordination.switch import Coordination
 
 log = get_logger("nodeguard.gate")
+CLIENT_GRACE = 10.0  # seconds a restored load's client has to attach again (the lease, with coordination)
 
 
 def _warm_up() -> None:
     """What the first client would otherwise wait for: psutil (peer checks), the requests' validator."""
     load_psutil()
     request_adapter()
-
-
-CLIENT_GRACE = 10.0  # seconds a restored load's client has to attach again (the lease, with coordination)
 
 
 class GateService:

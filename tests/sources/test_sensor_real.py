@@ -32,6 +32,17 @@ def sense_over(sensor: Sensor, seconds: float) -> Snapshot:
 
 
 @pytest.fixture
+def hybrid_v2_mount() -> Path:
+    """The cgroup2 mount of a hybrid host (v1 cpu beside it); skips elsewhere."""
+    reason = rc.why_no_v2_of("hybrid")
+    if reason:
+        pytest.skip(reason)
+    mount = rc.v2_mount()
+    assert mount is not None
+    return mount
+
+
+@pytest.fixture
 def v1_group() -> Iterator[tuple[str, Path, Path]]:
     with rc.v1_cpu_group() as group:
         yield group.name, group.cpu, group.cpuacct
@@ -58,13 +69,9 @@ def test_v1_reads_quota_usage_and_throttling(v1_group: tuple[str, Path, Path]) -
     assert snapshot.node.cores_used is not None and snapshot.node.cores_used >= 0.2
 
 
-def test_v2_mount_reads_usage_and_pressure(v1_group: tuple[str, Path, Path]) -> None:
+def test_v2_mount_reads_usage_and_pressure(hybrid_v2_mount: Path, v1_group: tuple[str, Path, Path]) -> None:
     """Hybrid host: in the cgroup2 mount a process limited to 0.4 cores (through v1) reads as ~0.4 cores with PSI."""
-    reason = rc.why_no_v2_of("hybrid")
-    if reason:
-        pytest.skip(reason)
-    mount = rc.v2_mount()
-    assert mount is not None
+    mount = hybrid_v2_mount
     name, cpu_dir, cpuacct_dir = v1_group
     (cpu_dir / "cpu.cfs_quota_us").write_text("40000")
     with rc.cgroups(mount / name) as [v2_dir]:
@@ -84,13 +91,9 @@ def test_v2_mount_reads_usage_and_pressure(v1_group: tuple[str, Path, Path]) -> 
     assert usage.cpu_stall_pct is not None and usage.cpu_stall_pct > 10
 
 
-def test_memory_pressure_is_read_only_while_followed(v1_group: tuple[str, Path, Path]) -> None:
+def test_memory_pressure_is_read_only_while_followed(hybrid_v2_mount: Path, v1_group: tuple[str, Path, Path]) -> None:
     """Hybrid host: a workload's memory.pressure is in its samples while the sensor follows memory, and not after."""
-    reason = rc.why_no_v2_of("hybrid")
-    if reason:
-        pytest.skip(reason)
-    mount = rc.v2_mount()
-    assert mount is not None
+    mount = hybrid_v2_mount
     name = v1_group[0]
     with rc.cgroups(mount / name):
         sensor = Sensor(settings_for(mount, "v2", name))
