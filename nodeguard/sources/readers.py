@@ -148,10 +148,13 @@ class V2Reader:
 
     def follow_memory(self, on: bool) -> None:
         """Read memory.high and memory.pressure each sample, or not (no memory objective: two reads saved)."""
-        if on and self._high == _ABSENT == self._mem_psi:
-            self._high = open_optional(self.path + "/memory.high")
-            self._mem_psi = open_optional(self.path + "/memory.pressure")
-        elif not on:
+        if on:
+            # One at a time: after an OSError the file already open stays followed, the other reads as missing.
+            if self._high == _ABSENT:
+                self._high = open_optional(self.path + "/memory.high")
+            if self._mem_psi == _ABSENT:
+                self._mem_psi = open_optional(self.path + "/memory.pressure")
+        else:
             _close_all([self._high, self._mem_psi])
             self._high = self._mem_psi = _ABSENT
 

@@ -77,8 +77,11 @@ class Sensor:
         """Whether samples carry memory.high and memory.pressure (memory objectives and held memory.high use them)."""
         if on != self.memory:
             self.memory = on
-            for _, reader in self._readers.values():
-                reader.follow_memory(on)
+            for workload_id, (_, reader) in self._readers.items():
+                try:
+                    reader.follow_memory(on)
+                except OSError as exc:  # e.g. out of descriptors: its memory reads as missing, the rest go on
+                    self._warn(workload_id, "cannot open the workload's memory files", exc)
 
     def rediscover(self) -> None:
         sensing = self.settings.sensing

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from nodeguard.config import Settings
 from nodeguard.model.snapshot import Snapshot
+from nodeguard.sources import readers
 from nodeguard.sources.sensor import Sensor
 from tests import realcgroups as rc
 
@@ -108,6 +111,40 @@ def test_memory_pressure_is_read_only_while_followed(hybrid_v2_mount: Path, v1_g
     assert followed.memory_pressure is not None
     assert unfollowed.memory_pressure is None and unfollowed.memory_high is None
     assert again.memory_pressure is not None
+
+
+def test_a_memory_file_that_cannot_be_opened_reads_as_missing_for_that_workload_only(
+    hybrid_v2_mount: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hybrid host: when a workload's memory.pressure cannot be opened as memory is followed again, that workload's
+    reading is missing, the other workloads' memory files are followed and the sensor goes on."""
+    parent = rc.unique_name()
+    with rc.cgroups(hybrid_v2_mount / parent / "a", hybrid_v2_mount / parent / "b"):
+        sensor = Sensor(settings_for(hybrid_v2_mount, "v2", f"{parent}/*"))
+        try:
+            sensor.sense()
+            sensor.follow_memory(False)
+            real_open = readers.open_optional
+
+            def out_of_descriptors(path: str) -> int:
+                if path.endswith(f"{parent}/a/memory.pressure"):
+                    raise OSError(errno.EMFILE, "Too many open files", path)
+                return real_open(path)
+
+            monkeypatch.setattr(readers, "open_optional", out_of_descriptors)
+            with capture_logs() as logs:
+                sensor.follow_memory(True)
+            monkeypatch.setattr(readers, "open_optional", real_open)
+            first = sensor.sense().workloads
+            time.sleep(0.1)
+            second = sensor.sense().workloads
+        finally:
+            sensor.close()
+    a, b = f"{parent}/a", f"{parent}/b"
+    assert first[a].memory_pressure is None and second[a].memory_pressure is None
+    assert second[a].cores is not None and second[a].cpu_pressure is not None  # its other readings stand
+    assert first[b].memory_pressure is not None and second[b].memory_pressure is not None
+    assert [(e["event"], e["workload"]) for e in logs] == [("cannot open the workload's memory files", a)]
 
 
 @pytest.mark.kernel
