@@ -10,7 +10,8 @@ while its heir is down, and live cap changes both ways (config rewritten, SIGHUP
 Figures: ``violations`` (load starts at which more loads were starting than the cap; during the ten seconds after a
 cap change the larger of the two caps), ``worst_overshoot``, ``longest_stall_s`` (the longest time with waiting
 loads and no start anywhere), ``stranded_slot_s`` (the longest a node's gate held a cluster slot for a load whose
-command had ended, from HTTP status polled every half second), ``admissions_per_s``, and the wait from a client's
+command had ended, from HTTP status polled every half second; ``stranded_after_back_s`` counts from the node's
+restart for a load that ended while its node was down), ``admissions_per_s``, and the wait from a client's
 spawn to its load's start, ``wait_p50_s`` / ``wait_p99_s``.
 """
 
@@ -361,11 +362,19 @@ class Churn:
             if admitted or waiting == 0:
                 since = at
             waiting += delta
-        stranded = 0.0
+        # A load that ended while its node was down can be released only once the node is back: the second figure
+        # counts from then (the drain or crash's downtime left out).
+        stranded, stranded_back, stranded_detail = 0.0, 0.0, ""
         for name, last in self.last_held.items():
             rec = records.get(name, {})
             end = min(rec.get("ready", ended), rec.get("end", ended), self.exited.get(name, (ended, 0))[0])
-            stranded = max(stranded, last - end)
+            node = self.spawned[name][0]
+            back = max((float(e.split()[0]) for e in self.events if e.endswith(f"restart {node}")
+                        and end <= float(e.split()[0]) <= last), default=end)  # fmt: skip
+            stranded_back = max(stranded_back, last - back)
+            if last - end > stranded:
+                stranded = last - end
+                stranded_detail = f"{name} on {node}: ended {end:.2f}, held until {last:.2f}, its node back {back - end:.2f} s after the end"
         span = max(1e-9, ended - started)
         exits = dict(Counter(str(code) for _, code in self.exited.values()))
 
@@ -379,6 +388,8 @@ class Churn:
             "worst_overshoot": overshoot,
             "longest_stall_s": round(stall, 3),
             "stranded_slot_s": round(max(0.0, stranded), 3),
+            "stranded_after_back_s": round(max(0.0, stranded_back), 3),
+            **({"stranded_slot_detail": stranded_detail} if stranded_detail else {}),
             "admissions": len(starts),
             "admissions_per_s": round(len(starts) / span, 3),
             "wait_p50_s": pct(0.5),
