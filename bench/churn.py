@@ -94,6 +94,7 @@ class Churn:
         self.last_held: dict[str, float] = {}  # load -> last time a gate listed it starting with its slot held
         self.stopped = threading.Event()
         self.events: list[str] = []
+        self.restarts: dict[str, list[float]] = {}  # node -> when it was started again
         self.timers: list[threading.Timer] = []
         self._ids = 0
         self.stall_window = (0.0, 0.0)
@@ -130,6 +131,7 @@ class Churn:
         def restart() -> None:
             if not self.nodes[name].up:
                 self.note(f"restart {name}")
+                self.restarts.setdefault(name, []).append(time.monotonic())
                 self.nodes[name].start()
 
         self.later(seconds, restart)
@@ -369,12 +371,12 @@ class Churn:
             rec = records.get(name, {})
             end = min(rec.get("ready", ended), rec.get("end", ended), self.exited.get(name, (ended, 0))[0])
             node = self.spawned[name][0]
-            back = max((float(e.split()[0]) for e in self.events if e.endswith(f"restart {node}")
-                        and end <= float(e.split()[0]) <= last), default=end)  # fmt: skip
+            back = max((t for t in self.restarts.get(node, []) if end <= t <= last), default=end)
             stranded_back = max(stranded_back, last - back)
             if last - end > stranded:
                 stranded = last - end
-                stranded_detail = f"{name} on {node}: ended {end:.2f}, held until {last:.2f}, its node back {back - end:.2f} s after the end"
+                stranded_detail = (f"{name} on {node}: ended {end:.2f}, held until {last:.2f}, "
+                                   f"its node back {back - end:.2f} s after the end")  # fmt: skip
         span = max(1e-9, ended - started)
         exits = dict(Counter(str(code) for _, code in self.exited.values()))
 
@@ -402,17 +404,17 @@ class Churn:
 
 def run_churn(nodes: int, seconds: float, seed: int, cap: int, per_node: int) -> dict[str, Any]:
     churn = Churn(nodes, seconds, seed, cap)
+    keep = True  # a run that fails or finds violations keeps the nodes' state and logs for a look
     try:
         result = churn.run(per_node)
-    except BaseException:
-        sys.stderr.write(f"state and logs kept in {churn.tmp}\n")
-        raise
+        keep = bool(result.get("violations"))
+    finally:
+        if keep:
+            sys.stderr.write(f"state and logs kept in {churn.tmp}\n")
+        else:  # they are in /dev/shm: memory
+            shutil.rmtree(churn.tmp, ignore_errors=True)
     result["seed"] = seed
     sys.stderr.write(
         "\n".join(churn.events) + f"\nlongest stall from {churn.stall_window[0]:.2f} to {churn.stall_window[1]:.2f}\n"
     )
-    if result.get("violations"):
-        sys.stderr.write(f"state and logs kept in {churn.tmp}\n")
-    else:  # the nodes' state and logs are in /dev/shm: memory
-        shutil.rmtree(churn.tmp, ignore_errors=True)
     return result

@@ -48,3 +48,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("kernel") is not None:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def hybrid_v2_mount() -> Path:
+    """The cgroup2 mount of a hybrid host (v1 cpu beside it); skips elsewhere."""
+    from tests import realcgroups as rc
+
+    reason = rc.why_no_v2_of("hybrid")
+    if reason:
+        pytest.skip(reason)
+    mount = rc.v2_mount()
+    assert mount is not None
+    return mount

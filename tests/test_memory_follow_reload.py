@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from nodeguard.config import load_document
 from nodeguard.daemon import Daemon
 from tests import realcgroups as rc
@@ -27,14 +25,12 @@ def write_config(path: Path, mount: Path, name: str, objectives: list[dict[str, 
     }}))  # fmt: skip
 
 
-def test_a_reload_adding_or_removing_a_memory_objective_starts_or_stops_the_memory_reads(tmp_path: Path) -> None:
+def test_a_reload_adding_or_removing_a_memory_objective_starts_or_stops_the_memory_reads(
+    tmp_path: Path, hybrid_v2_mount: Path
+) -> None:
     """A reload that adds protected_memory_stall makes the next tick read memory.pressure; one that removes it
     makes the next tick stop, and a reload the config check rejects changes neither."""
-    reason = rc.why_no_v2_of("hybrid")
-    if reason:
-        pytest.skip(reason)
-    mount = rc.v2_mount()
-    assert mount is not None
+    mount = hybrid_v2_mount
     name, config = rc.unique_name(), tmp_path / "nodeguard.json"
     seen: list[bool] = []
     with rc.cgroups(mount / name):

@@ -35,17 +35,6 @@ def sense_over(sensor: Sensor, seconds: float) -> Snapshot:
 
 
 @pytest.fixture
-def hybrid_v2_mount() -> Path:
-    """The cgroup2 mount of a hybrid host (v1 cpu beside it); skips elsewhere."""
-    reason = rc.why_no_v2_of("hybrid")
-    if reason:
-        pytest.skip(reason)
-    mount = rc.v2_mount()
-    assert mount is not None
-    return mount
-
-
-@pytest.fixture
 def v1_group() -> Iterator[tuple[str, Path, Path]]:
     with rc.v1_cpu_group() as group:
         yield group.name, group.cpu, group.cpuacct
