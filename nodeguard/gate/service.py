@@ -267,6 +267,7 @@ class GateService:
         signals = self.window.signals(now)
         decision = self.table.last_decision
         return {
+            "enabled": self.settings.enabled,  # as GateOff's status says it is off
             "serving": self.serving,
             "problem": self.problem(),
             "socket": self.settings.socket,
