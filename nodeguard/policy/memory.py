@@ -28,7 +28,8 @@ guard.memory.restoreStepPercent of node memory per tick in all (and no more
 than the throttle-up gap), most important first; a workload is released (its
 exact original written back, "max" or kubelet's Memory QoS value) when the
 step reaches its original, the node's memory, or what it used when first
-throttled.
+throttled. Holds no memory objective asks for (adopted from the ledger of a
+run whose config had one) are given back the same way, a step a tick.
 
 protected_memory_stall: the protected workloads' own memory stall
 (memory.pressure "some") past its target lowers every candidate's memory.high
@@ -58,6 +59,9 @@ from nodeguard.policy.waterlines import Waterline
 GRANULE = 64 << 10
 # How far usage may sit above memory.high (the kernel charges in batches) and still count as reclaimed down to it.
 OVER_SLACK = 1 << 20
+# The metric a restore is counted under when its hold knows no reason and no memory objective is configured
+# (as policy.tick.first_reason does for quotas).
+ADOPTED_REASON = Metric.MEMORY_TOTAL_UTILIZATION
 NEEDS_V2 = (
     "memory throttling writes memory.high, which needs cgroup v2 (cgroup v1's memory limits invoke the OOM "
     "killer); on this node only evict objectives act on memory"
@@ -252,6 +256,7 @@ def _calm(tick: Tick, line: Waterline) -> bool:
 
 
 def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
+    why = "node calm on every memory throttle metric" if lines else "no memory objective holds it"
     """Raise held values within ``budget`` bytes, most important first; whether any was raised."""
     held = [tick.workloads[wid] for wid in tick.memory if wid not in tick.evictions]
     # Most important first.
@@ -272,14 +277,22 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
         else:
             step, new, full = float(_down(left)), hold.high + _down(left), False
         spent += step
-        metric = min(hold.reasons, key=str) if hold.reasons else lines[0].metric
-        _emit_restore(tick, usage, hold, new=new, step=step, full=full, metric=metric)
+        metric = min(hold.reasons, key=str) if hold.reasons else lines[0].metric if lines else ADOPTED_REASON
+        _emit_restore(tick, usage, hold, new=new, step=step, full=full, metric=metric, why=why)
         raised = True
     return raised
 
 
 def _emit_restore(
-    tick: Tick, usage: WorkloadUsage, hold: HeldMemory, *, new: int | None, step: float, full: bool, metric: Metric
+    tick: Tick,
+    usage: WorkloadUsage,
+    hold: HeldMemory,
+    *,
+    new: int | None,
+    step: float,
+    full: bool,
+    metric: Metric,
+    why: str,
 ) -> None:
     per_unit = tick.per_unit(metric) if CAPABILITIES[metric].throttle_quantified else None
     dry = tick.guard.dry_run
@@ -288,7 +301,7 @@ def _emit_restore(
             workload=usage.workload,
             metric=metric,
             reason=("released: memory.high back to its original" if full else "memory.high raised one step")
-            + " (node calm on every memory throttle metric)",
+            + f" ({why})",
             gap_before=tick.gaps.throttle_up.get(metric),
             predicted_release=None if per_unit is None else -step * per_unit,
             high=new,

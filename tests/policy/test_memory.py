@@ -259,3 +259,21 @@ def test_protected_memory_needs_cgroup_v2_too() -> None:
     p = plan(node, GuardState(), settings(mem_protect()))
     assert lowered(p) == {}
     assert (Metric.PROTECTED_MEMORY_STALL, Direction.THROTTLE, "needs-cgroup-v2") in causes(p)
+
+
+def test_holds_no_memory_objective_asks_for_are_given_back_a_step_a_tick() -> None:
+    """A memory.high adopted from an older run's ledger (no reason known), with no memory objective configured
+    now, rises by restoreStepPercent of node memory a tick and goes back to its exact original."""
+    held = HeldMemory("big", None, 2 * GiB, frozenset(), 50.0, None)
+    node = at(14 * GiB, mem("big", 2 * GiB, high=2 * GiB))  # past any waterline: none is configured
+    state = GuardState(memory={"big": held})
+    highs = []
+    for _ in range(20):
+        p = plan(node, state, guard(cpu_throttle(), memory={"restoreStepPercent": 25}))
+        [action] = [a for a in p.actions if isinstance(a, MemoryRestore)]
+        assert "no memory objective holds it" in action.reason
+        highs.append(action.high)
+        state = p.state
+        if not state.memory:
+            break
+    assert highs == [2 * GiB + 4 * GiB, 2 * GiB + 8 * GiB, 2 * GiB + 12 * GiB, None]
