@@ -1,7 +1,8 @@
 """The guard end to end: the real daemon, real burners in real cgroups, a real kernel enforcing.
 
-Runs on this host's cgroup v1 cpu hierarchy and, marked ``kernel``, inside the
-QEMU VM on cgroup v2 ``cpu.max``.
+Runs on this host's cgroup v1 cpu hierarchy. On cgroup v2 (the QEMU VM) the same behaviours run in the
+kubelet shape (test_guard_kubelet_e2e: convergence, exact restore, SIGKILL and restart, SIGTERM) and at the
+lever (test_quota_real: drift re-asserted): the VM's time goes to what only it can show.
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ def node_cores(seconds: float) -> float:
 
 
 @pytest.fixture
-def node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
-    with plain_node(hierarchy) as shaped:
+def node() -> Iterator[ShapedNode]:
+    with plain_node(rc.v1_cpu_hierarchy()) as shaped:
         yield shaped
 
 

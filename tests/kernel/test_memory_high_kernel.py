@@ -1,12 +1,14 @@
 """The memory.high lever on a real cgroup v2 kernel (the QEMU VM): kubelet-shaped pods, real processes allocating.
 
 Only inside the VM (tests/kernel/vm.py); elsewhere the ``kernel`` marker makes them skip. Together they stay
-within about 30 s of the VM's time: one lever test without processes, one daemon run with one allocating pod.
+within about a minute of the VM's time: one lever test without processes, one in-process daemon run with one
+allocating pod, and one run of real ``nodeguard`` processes (two daemons and ``restore --all``) on another.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -25,6 +27,8 @@ from nodeguard.config import parse_document
 from nodeguard.daemon import Daemon
 from nodeguard.sources.cgroupfs import parse_flat_keyed
 from tests import realcgroups as rc
+from tests.daemon_proc import DaemonProcess
+from tests.integration.harness import SLOW
 
 pytestmark = pytest.mark.kernel
 
@@ -97,21 +101,29 @@ time.sleep(600)
 """
 
 
-def daemon_for(pod: rc.KubeletPod, ledger: Path, threshold: int, on_start: str) -> Daemon:
+def daemon_config(pod: rc.KubeletPod, ledger: Path, threshold: int | None, on_start: str) -> dict[str, Any]:
+    """Memory throttling past ``threshold`` bytes in use (None: no memory objective, restores of 1 % a tick)."""
     parent = pod.pod.split("/kubepods/")[0]
+    guard: dict[str, Any] = {"objectives": [], "memory": {"restoreStepPercent": 1}}
+    if threshold is not None:
+        guard = {"objectives": [{"metric": "memory_total_usage", "action": "throttle", "threshold": threshold,
+                                 "restoreBelow": threshold - 64 * MiB, "triggerAfter": 1}],
+                 "memory": {"minHigh": "16Mi", "stepPercent": 50}}  # fmt: skip
     config: dict[str, Any] = {
         "global": {
             "sensing": {"cgroupRoot": str(ROOT), "cgroupVersion": "v2", "tickSeconds": 0.3,
                         "kubepodsPaths": [f"{parent}/kubepods"]},
-            "guard": {"objectives": [{"metric": "memory_total_usage", "action": "throttle", "threshold": threshold,
-                                      "restoreBelow": threshold - 64 * MiB, "triggerAfter": 1}],
-                      "memory": {"minHigh": "16Mi", "stepPercent": 50}},
+            "guard": guard,
             "actuation": {"ledgerPath": str(ledger), "onStart": on_start},
             "http": {"enabled": False},
             "gate": {"enabled": False},
         }
     }  # fmt: skip
-    return Daemon(parse_document(config).settings_for({}))
+    return config
+
+
+def daemon_for(pod: rc.KubeletPod, ledger: Path, threshold: int, on_start: str) -> Daemon:
+    return Daemon(parse_document(daemon_config(pod, ledger, threshold, on_start)).settings_for({}))
 
 
 def test_a_growing_pod_is_held_near_the_waterline_without_oom_and_put_back_after_crash_and_stop(
@@ -153,6 +165,55 @@ def test_a_growing_pod_is_held_near_the_waterline_without_oom_and_put_back_after
             assert high(pod.pod) == held
             second.tick()
             second.stop()  # what SIGTERM runs
+            assert high(pod.pod) == "max"
+            assert not Ledger.load(str(ledger))
+        finally:
+            rc.stop(proc)
+
+
+def test_a_hold_left_by_sigkill_is_stepped_back_by_a_successor_without_the_objective_and_restore_all_ends_it(
+    tmp_path: Path,
+) -> None:
+    """Real processes: a daemon SIGKILLed holding a growing pod's memory.high; its successor, whose config has no
+    memory objective, adopts the hold and raises it a step a tick (it keeps running); SIGKILLed too, the hold it
+    left is put back to "max" exactly by ``nodeguard restore --all``, and the ledger empties."""
+    ledger = tmp_path / "run/ledger.json"
+    with memory_pod("besteffort") as pod:
+        threshold = node_used() + 96 * MiB
+        proc = subprocess.Popen([sys.executable, "-c", GROWER, "40"], stdin=subprocess.DEVNULL)
+        try:
+            (ROOT / pod.inner / "cgroup.procs").write_text(str(proc.pid))
+            (tmp_path / "first").mkdir()
+            first = DaemonProcess(daemon_config(pod, ledger, threshold, "restore"), tmp_path / "first").start()
+            try:
+                first.wait_for(lambda: high(pod.pod) != "max", 60 * SLOW, "the pod's memory.high lowered")
+            finally:
+                first.kill()
+            held = high(pod.pod)
+            assert Ledger.load(str(ledger)).get(MemoryHighLever.name, pod.pod) is not None
+
+            (tmp_path / "second").mkdir()
+            config = daemon_config(pod, ledger, None, "adopt")
+            second = DaemonProcess(config, tmp_path / "second").start()
+            try:
+                second.wait_for(lambda: high(pod.pod) not in (held, "max"), 30 * SLOW, "the hold raised a step")
+                second.wait_for(lambda: sum(e.get("event") == "tick" for e in second.events()) >= 2, 10 * SLOW,
+                                "a tick after the step")  # fmt: skip
+                reasons = [e.get("reason", "") for e in second.events() if e.get("event") == "memory_restore"]
+                assert reasons and all("no memory objective holds it" in r for r in reasons), reasons
+                assert not [e for e in second.events() if e.get("level") in ("error", "critical")]
+            finally:
+                second.kill()
+            assert high(pod.pod) != "max", "a 1 % step a tick should not have released it yet"
+            assert proc.poll() is None, "the growing process died"
+
+            (tmp_path / "second/config.json").write_text(json.dumps(config))
+            restored = subprocess.run(
+                [sys.executable, "-m", "nodeguard", "restore", "--all", "--config", str(tmp_path / "second/config.json")],
+                capture_output=True, text=True, timeout=120 * SLOW, check=False,
+            )  # fmt: skip
+            assert restored.returncode == 0, restored.stdout + restored.stderr
+            assert restored.stdout.split() == ["restored", MemoryHighLever.name, pod.pod], restored.stdout
             assert high(pod.pod) == "max"
             assert not Ledger.load(str(ledger))
         finally:
