@@ -31,6 +31,9 @@ children's working directory and first on their PYTHONPATH).
   coordination, Kubernetes) and with all on: gate, HTTP, coordination with a
   real mosquitto on a free loopback port. The Kubernetes integration stays off
   in both: it needs an API server. Against a bare interpreter's VmRSS.
+  ``daemon_anon_mb`` (RssAnon) and ``daemon_pss_mb`` (Pss) of the same
+  processes say what of it is the daemon's own: VmRSS counts every page of the
+  shared libraries it touched (libpython, OpenSSL, pydantic-core) whole.
 
 Each figure has ``<name>_ratio`` to the bare interpreter's (time, or RSS).
 Targets (issue 22): hook and admit within 3x, first tick within 5x, RSS with
@@ -198,9 +201,6 @@ class Daemon:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) * 1000 / HZ
 
-    def rss_mb(self) -> float:
-        return status_mb(self.proc.pid, "VmRSS")
-
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]
 
@@ -354,27 +354,35 @@ def first_ticks(run: Run, node: Any, runs: int, bare_ms: float) -> dict[str, Any
     }
 
 
-def bare_rss_mb(run: Run) -> float:
+def split_mb(pid: int) -> dict[str, float]:
+    """VmRSS, and what of it is the process's own (RssAnon) and its share of shared pages too (Pss)."""
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    pss = next(int(line.split()[1]) for line in rollup if line.startswith("Pss:")) / 1024
+    return {"rss": status_mb(pid, "VmRSS"), "anon": status_mb(pid, "RssAnon"), "pss": pss}
+
+
+def bare_rss_mb(run: Run) -> dict[str, float]:
+    """A bare interpreter's split_mb (medians of three)."""
     values = []
     for _ in range(3):
         proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
                                 env=run.env, cwd=REPO)  # fmt: skip
         time.sleep(0.5)
-        values.append(status_mb(proc.pid, "VmRSS"))
+        values.append(split_mb(proc.pid))
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait()
-    return statistics.median(values)
+    return {key: statistics.median(v[key] for v in values) for key in values[0]}
 
 
-def rss(run: Run, node: Any, ticks: int, tick: float, bare_mb: float) -> dict[str, Any]:
+def rss(run: Run, node: Any, ticks: int, tick: float, bare: dict[str, float]) -> dict[str, Any]:
     off = example_config(run, node, "rss-off", tick)
     off["global"].update({"gate": {"enabled": False}, "http": {"enabled": False}})
     on = example_config(run, node, "rss-on", tick)
-    found: dict[str, float] = {}
+    found: dict[str, dict[str, float]] = {}
     with running(run, off, "rss-off") as daemon:
         daemon.wait_ticks(ticks)
-        found["off"] = daemon.rss_mb()
+        found["off"] = split_mb(daemon.proc.pid)
     from bench.cluster import start_mosquitto
 
     broker, port = start_mosquitto(run.work)
@@ -385,15 +393,20 @@ def rss(run: Run, node: Any, ticks: int, tick: float, bare_mb: float) -> dict[st
         }  # fmt: skip
         with running(run, on, "rss-on") as daemon:
             daemon.wait_ticks(ticks)
-            found["on"] = daemon.rss_mb()
+            found["on"] = split_mb(daemon.proc.pid)
             coordinated = any(e.get("event") == "connected to the MQTT broker" for e in daemon.events())
     finally:
         broker.terminate()
         broker.wait(10)
     return {
-        "bare_rss_mb": round(bare_mb, 1),
-        "daemon_rss_mb": {k: round(v, 1) for k, v in found.items()},
-        "daemon_rss_mb_ratio": {k: round(v / bare_mb, 2) for k, v in found.items()},
+        "bare_rss_mb": round(bare["rss"], 1),
+        "daemon_rss_mb": {k: round(v["rss"], 1) for k, v in found.items()},
+        "daemon_rss_mb_ratio": {k: round(v["rss"] / bare["rss"], 2) for k, v in found.items()},
+        # VmRSS counts the shared libraries' pages whole; these say what the daemon itself costs the node.
+        "bare_anon_mb": round(bare["anon"], 1),
+        "daemon_anon_mb": {k: round(v["anon"], 1) for k, v in found.items()},
+        "bare_pss_mb": round(bare["pss"], 1),
+        "daemon_pss_mb": {k: round(v["pss"], 1) for k, v in found.items()},
         "rss_after_ticks": ticks,
         "rss_features": {
             "off": "gate, HTTP, coordination, Kubernetes off",
