@@ -29,7 +29,8 @@ than the throttle-up gap), most important first; a workload is released (its
 exact original written back, "max" or kubelet's Memory QoS value) when the
 step reaches its original, the node's memory, or what it used when first
 throttled. Holds no memory objective asks for (adopted from the ledger of a
-run whose config had one) are given back the same way, a step a tick.
+run whose config had one, or kept through a reload that removed it) are given
+back the same way, a step a tick.
 
 protected_memory_stall: the protected workloads' own memory stall
 (memory.pressure "some") past its target lowers every candidate's memory.high
@@ -256,8 +257,8 @@ def _calm(tick: Tick, line: Waterline) -> bool:
 
 
 def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
-    why = "node calm on every memory throttle metric" if lines else "no memory objective holds it"
     """Raise held values within ``budget`` bytes, most important first; whether any was raised."""
+    why = "node calm on every memory throttle metric" if lines else "no memory objective holds it"
     held = [tick.workloads[wid] for wid in tick.memory if wid not in tick.evictions]
     # Most important first.
     held.sort(key=lambda u: (QOS_RANK[u.workload.qos_class], -u.workload.priority, u.workload.id))
