@@ -56,8 +56,13 @@ def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
     config = protect_config(node, ledger, **guard)
     daemon = DaemonProcess(config, tmp_path).start()
     tier = f"{node.parent}/kubepods/burstable"
+
+    def lowered() -> bool:
+        # The ledger is written before the kernel: wait for both, or a SIGKILL between them leaves it as it was.
+        return tier in held(ledger)["cpu.weight"] and node.hierarchy.weight(tier) != node.weights[tier]
+
     try:
-        daemon.wait_for(lambda: tier in held(ledger)["cpu.weight"], 30 * SLOW, "the tier's weight held")
+        daemon.wait_for(lowered, 30 * SLOW, "the tier's weight held")
         if quotas:
             # Then, reloaded, a node waterline the burners exceed: their quotas go down beside the tier's weight.
             # (Given from the start, it throttled the burners before they could harm the pod: no weight came down.)
@@ -67,7 +72,8 @@ def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
             })  # fmt: skip
             daemon.config_path.write_text(json.dumps(config))
             daemon.signal(signal.SIGHUP)
-            daemon.wait_for(lambda: all(held(ledger).values()), 30 * SLOW, "a weight and a quota held")
+            daemon.wait_for(lambda: all(held(ledger).values()) and bool(node.throttled()), 30 * SLOW,
+                            "a weight and a quota held")  # fmt: skip
     finally:
         daemon.kill()
     assert daemon.wait() == -signal.SIGKILL
