@@ -106,6 +106,24 @@ def held_counts(ledger: Ledger) -> dict[str, int]:
     return {name: len(ledger.of(name)) for name in levers.NAMES}
 
 
+def say_memory_lever(settings: Settings, version: str, available: bool) -> None:
+    """Where memory.high is not (cgroup v1), one line at start: memory throttling needs cgroup v2 (the plan blocks
+    those objectives)."""
+    if available:
+        return
+    wanted = [
+        o.name or f"objectives[{i}]"
+        for i, o in enumerate(settings.guard.objectives)
+        if o.action == "throttle" and CAPABILITIES[o.metric].resource is Resource.MEMORY
+    ]
+    say = log.warning if wanted else log.info
+    say(
+        f"memory throttling needs cgroup v2 (memory.high); this node's cgroup {version} has none, so memory is only "
+        "acted on by evict objectives",
+        blocked_objectives=wanted,
+    )
+
+
 class Closable(Protocol):
     def close(self) -> None: ...
 
@@ -207,7 +225,7 @@ class Daemon:
 
     def start(self) -> None:
         """Reconcile the ledger (every lever's records) with the kernel before the first tick."""
-        self._say_memory_lever()
+        say_memory_lever(self.settings, self.sensor.layout.version, MemoryHighLever.name in self.levers)
         if self.ledger.set_aside:
             log.error("ledger was corrupt; restoring only what can be proven", kept_as=self.ledger.set_aside)
         if self.ledger.rejected:
@@ -220,22 +238,6 @@ class Daemon:
         else:
             outcomes = self.executor.restore_everything()
             log.info("restored the ledger's records", **{k.value: len(v) for k, v in outcomes.items()})
-
-    def _say_memory_lever(self) -> None:
-        """On cgroup v1, one line at start: memory throttling needs cgroup v2 (the plan blocks those objectives)."""
-        if MemoryHighLever.name in self.levers:
-            return
-        wanted = [
-            o.name or f"objectives[{i}]"
-            for i, o in enumerate(self.settings.guard.objectives)
-            if o.action == "throttle" and CAPABILITIES[o.metric].resource is Resource.MEMORY
-        ]
-        say = log.warning if wanted else log.info
-        say(
-            "memory throttling needs cgroup v2 (memory.high); this node's cgroup "
-            f"{self.sensor.layout.version} has none, so memory is only acted on by evict objectives",
-            blocked_objectives=wanted,
-        )
 
     def stop(self) -> None:
         self.notifier.notify("STOPPING=1", "STATUS=restoring and stopping")
