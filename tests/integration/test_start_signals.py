@@ -33,7 +33,7 @@ from tests.integration.test_lever_crash import crash_holding, held
 from tests.integration.test_protect_e2e import SLEEPER_SHARE, protect_config, protected_node
 
 HOST_DELAYS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 3.0)
-# In the VM exec to the first tick takes 10-15 s: one stop while importing, one while loading and restoring.
+# In the VM exec to the first tick takes 10-15 s: two stops well before it.
 VM_DELAYS = (2.0, 7.0)
 
 
@@ -132,8 +132,8 @@ def test_a_stop_at_any_moment_after_exec_restores_what_a_crashed_daemon_left(
 @pytest.mark.kernel
 def test_a_stop_while_starting_restores_on_cgroup_v2(tmp_path: Path) -> None:
     """cgroup v2 (the VM): a ledger holding a pod's cpu.max and its tier's lowered weight, written as a crashed
-    daemon left it (ledger first, then the kernel); SIGTERM while the next daemon is importing, and while it is
-    loading: it exits 0 with both back at their originals and an empty ledger (a signal before nodeguard's first
+    daemon left it (ledger first, then the kernel); SIGTERM 2 and 7 s after the next daemon's exec, before its first
+    tick: it exits 0 with both back at their originals and an empty ledger (a signal before nodeguard's first
     line: the next start restores)."""
     with protected_node(rc.v2_cpu_hierarchy()) as node:
         ledger = tmp_path / "run/ledger.json"
@@ -159,6 +159,8 @@ def test_a_stop_while_starting_restores_on_cgroup_v2(tmp_path: Path) -> None:
             assert code == 0, f"SIGTERM {delay} s after exec: exit {code}"
             assert not node.changed(), f"SIGTERM {delay} s after exec left {sorted(node.changed())}"
             assert not Ledger.load(str(ledger)), f"SIGTERM {delay} s after exec left the ledger holding"
+            log = "".join(p.read_text() for p in (tmp_path / f"stop-{i}").glob("daemon-*.log"))
+            assert '"event": "tick"' not in log, f"SIGTERM {delay} s after exec came after the first tick"
 
 
 def test_a_reload_while_starting_is_applied_after_start_and_a_stop_then_restores(
