@@ -117,14 +117,11 @@ class GateService:
 
     async def run(self) -> None:
         """Serve until cancelled, under a supervisor: an error is logged, the gate restarts, the daemon goes on."""
-        if not self.settings.enabled:
-            log.info("gate disabled (gate.enabled is false)")
-            await asyncio.Event().wait()
         await supervise("gate", self._serve_once, self._report, expected=(SocketUnavailable,))
 
     def problem(self) -> str | None:
-        """Why the gate does not serve (for /readyz), or None: serving, or disabled on purpose."""
-        if not self.settings.enabled or self.serving:
+        """Why the gate does not serve (for /readyz), or None: serving."""
+        if self.serving:
             return None
         return self._problem or "not serving yet"
 
@@ -267,7 +264,8 @@ class GateService:
         signals = self.window.signals(now)
         decision = self.table.last_decision
         return {
-            "enabled": self.settings.enabled,  # as GateOff's status says it is off
+            # Built only when gate.enabled (gate.switch); a reload turning it off takes a restart: on until then.
+            "enabled": True,
             "serving": self.serving,
             "problem": self.problem(),
             "socket": self.settings.socket,

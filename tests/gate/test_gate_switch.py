@@ -96,3 +96,31 @@ def test_a_restart_with_the_gate_off_leaves_its_state_file_for_the_next_gate(tmp
         assert [(load["name"], load["state"]) for load in status["loads"]] == [("held", "starting")], status
     finally:
         on.kill()
+
+
+def test_a_reload_that_turns_the_gate_off_keeps_it_serving_until_the_restart(tmp_path: Path) -> None:
+    """SIGHUP with gate.enabled now false: the daemon warns and the gate keeps serving, its status on; a restart
+    turns it off (no socket)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    socket = str(run / "gate.sock")
+    daemon = DaemonProcess(config(run, enabled=True), tmp_path).start()
+    try:
+        wait_until(lambda: gate_status(socket), 30, "the gate")
+        daemon.config_path.write_text(json.dumps(config(run, enabled=False)))
+        daemon.signal(signal.SIGHUP)
+        daemon.wait_for(lambda: any(e.get("event") == "config reloaded" for e in daemon.events()), 30, "the reload")
+        warnings = [
+            e for e in daemon.events() if e.get("event") == "gate.socket and gate.enabled change only on restart"
+        ]
+        assert warnings, "no warning that turning the gate off takes a restart"
+        status = gate_status(socket)
+        assert status is not None and (status["enabled"], status["serving"]) == (True, True), status
+        stopped(daemon)
+        before = sum(e.get("event") == "tick" for e in daemon.events())
+
+        daemon.start()  # its log goes on in the same file
+        daemon.wait_for(lambda: ticked(daemon, before + 2), 30, "two ticks after the restart")
+        assert gate_status(socket) is None and not Path(socket).exists()
+    finally:
+        daemon.kill()
