@@ -361,7 +361,7 @@ def split_mb(pid: int) -> dict[str, float]:
     return {"rss": status_mb(pid, "VmRSS"), "anon": status_mb(pid, "RssAnon"), "pss": pss}
 
 
-def bare_rss_mb(run: Run) -> dict[str, float]:
+def bare_split_mb(run: Run) -> dict[str, float]:
     """A bare interpreter's split_mb (medians of three)."""
     values = []
     for _ in range(3):
@@ -596,7 +596,7 @@ def main() -> int:
             )  # fmt: skip
             result.update(first_ticks(run, node, args.daemon_runs, result["bare_ms"]))
             print(f"first tick: {json.dumps(result)}  load={load()}", flush=True)
-            result.update(rss(run, node, args.ticks, args.tick_seconds, bare_rss_mb(run)))
+            result.update(rss(run, node, args.ticks, args.tick_seconds, bare_split_mb(run)))
             if args.cpu_limit:
                 result["cpu_limit"] = cpu_limited(run, node, args.cpu_limit, args.daemon_runs, args.burst)
     finally:

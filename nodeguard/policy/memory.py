@@ -259,6 +259,7 @@ def _calm(tick: Tick, line: Waterline) -> bool:
 def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
     """Raise held values within ``budget`` bytes, most important first; whether any was raised."""
     why = "node calm on every memory throttle metric" if lines else "no memory objective holds it"
+    unknown = lines[0].metric if lines else ADOPTED_REASON  # the metric of a hold that knows no reason
     held = [tick.workloads[wid] for wid in tick.memory if wid not in tick.evictions]
     # Most important first.
     held.sort(key=lambda u: (QOS_RANK[u.workload.qos_class], -u.workload.priority, u.workload.id))
@@ -278,7 +279,7 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
         else:
             step, new, full = float(_down(left)), hold.high + _down(left), False
         spent += step
-        metric = min(hold.reasons, key=str) if hold.reasons else lines[0].metric if lines else ADOPTED_REASON
+        metric = min(hold.reasons, key=str) if hold.reasons else unknown
         _emit_restore(tick, usage, hold, new=new, step=step, full=full, metric=metric, why=why)
         raised = True
     return raised

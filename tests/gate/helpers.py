@@ -68,6 +68,18 @@ class Session:
         self.sock.close()
 
 
+def answer(path: str, request: dict[str, Any]) -> dict[str, Any] | None:
+    """The response to one request on a connection of its own; None while nothing answers at ``path``."""
+    try:
+        session = Session(path)
+    except OSError:
+        return None
+    try:
+        return session.request(request)
+    finally:
+        session.close()
+
+
 class Gate:
     """``nodeguard run`` with a gate on a socket in ``socket_dir`` (default: next to the ledger)."""
 
@@ -93,14 +105,12 @@ class Gate:
         return self
 
     def _answers(self) -> bool:
-        try:
-            session = Session(self.socket)
-        except OSError:
-            return False
-        try:
-            return bool(session.request({"op": "ping"})["ok"])
-        finally:
-            session.close()
+        return bool((answer(self.socket, {"op": "ping"}) or {}).get("ok"))
+
+    def status_if_up(self) -> dict[str, Any] | None:
+        """The gate's status; None while nothing answers on its socket."""
+        answered = answer(self.socket, {"op": "status"})
+        return None if answered is None else dict(answered["gate"])
 
     def reconfigure(self, gate: dict[str, Any]) -> None:
         self.config["global"]["gate"] = {"socket": self.socket, **gate}

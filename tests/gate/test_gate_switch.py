@@ -2,42 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import signal
 from pathlib import Path
-from typing import Any
 
 from nodeguard.gate import store
 from tests.daemon_proc import DaemonProcess
-from tests.gate.helpers import QUIET, Session, wait_until
+from tests.gate.helpers import Gate, wait_until
 from tests.gate.test_state_file import record, write_state
 
-
-def config(run: Path, *, enabled: bool) -> dict[str, Any]:
-    return {
-        "global": {
-            "sensing": {"kubepods": False, "tickSeconds": 0.2},
-            "actuation": {"ledgerPath": str(run / "ledger.json"), "dryRun": True},
-            "gate": {"enabled": enabled, "socket": str(run / "gate.sock")},
-            **QUIET,
-        }
-    }
+RESTART_ONLY = "gate.socket and gate.enabled change only on restart"
 
 
-def ticked(daemon: DaemonProcess, count: int) -> bool:
-    return sum(e.get("event") == "tick" for e in daemon.events()) >= count
+def logged(daemon: DaemonProcess, event: str) -> bool:
+    return any(e.get("event") == event for e in daemon.events())
 
 
-def gate_status(socket: str) -> dict[str, Any] | None:
-    """The gate's status over its socket; None while nothing answers there."""
-    try:
-        session = Session(socket)
-    except OSError:
-        return None
-    try:
-        return dict(session.request({"op": "status"})["gate"])
-    finally:
-        session.close()
+def reloaded(gate: Gate, enabled: bool) -> None:
+    """SIGHUP with gate.enabled now ``enabled``, until the daemon says it took the new config."""
+    gate.reconfigure({"enabled": enabled})
+    gate.daemon.wait_for(lambda: logged(gate.daemon, "config reloaded"), 30, "the reload")
 
 
 def stopped(daemon: DaemonProcess) -> None:
@@ -47,30 +30,23 @@ def stopped(daemon: DaemonProcess) -> None:
 
 def test_a_reload_that_turns_the_gate_on_keeps_serving_without_it_until_the_restart(tmp_path: Path) -> None:
     """SIGHUP with gate.enabled now true: the daemon warns, keeps ticking with no socket; after a restart it gates."""
-    run = tmp_path / "run"
-    run.mkdir()
-    socket = str(run / "gate.sock")
-    daemon = DaemonProcess(config(run, enabled=False), tmp_path).start()
+    gate = Gate(tmp_path, {"enabled": False})
+    daemon = gate.daemon.start()
     try:
-        daemon.wait_for(lambda: ticked(daemon, 2), 30, "two ticks with the gate off")
-        daemon.config_path.write_text(json.dumps(config(run, enabled=True)))
-        daemon.signal(signal.SIGHUP)
-        daemon.wait_for(lambda: any(e.get("event") == "config reloaded" for e in daemon.events()), 30, "the reload")
-        ticks_at_reload = sum(e.get("event") == "tick" for e in daemon.events())
-        daemon.wait_for(lambda: ticked(daemon, ticks_at_reload + 3), 30, "ticks after the reload")
-        warnings = [
-            e for e in daemon.events() if e.get("event") == "gate.socket and gate.enabled change only on restart"
-        ]
-        assert warnings, "no warning that turning the gate on takes a restart"
-        assert not Path(socket).exists() and gate_status(socket) is None
+        daemon.wait_for(lambda: len(daemon.ticks()) >= 2, 30, "two ticks with the gate off")
+        reloaded(gate, True)
+        ticks_at_reload = len(daemon.ticks())
+        daemon.wait_for(lambda: len(daemon.ticks()) >= ticks_at_reload + 3, 30, "ticks after the reload")
+        assert logged(daemon, RESTART_ONLY), "no warning that turning the gate on takes a restart"
+        assert not Path(gate.socket).exists() and gate.status_if_up() is None
         assert daemon.proc is not None and daemon.proc.poll() is None
         stopped(daemon)
 
         daemon.start()
-        status = wait_until(lambda: gate_status(socket), 30, "the gate after the restart")
+        status = wait_until(gate.status_if_up, 30, "the gate after the restart")
         assert status["enabled"] is True and status["serving"] is True, status
     finally:
-        daemon.kill()
+        gate.stop()
 
 
 def test_a_restart_with_the_gate_off_leaves_its_state_file_for_the_next_gate(tmp_path: Path) -> None:
@@ -81,46 +57,40 @@ def test_a_restart_with_the_gate_off_leaves_its_state_file_for_the_next_gate(tmp
     written = path.read_bytes()
     mode = path.stat().st_mode
 
-    off = DaemonProcess(config(run, enabled=False), tmp_path).start()
+    off = Gate(tmp_path, {"enabled": False})
     try:
-        off.wait_for(lambda: ticked(off, 3), 30, "three ticks with the gate off")
-        stopped(off)
+        off.daemon.start().wait_for(lambda: len(off.daemon.ticks()) >= 3, 30, "three ticks with the gate off")
+        stopped(off.daemon)
     finally:
-        off.kill()
+        off.stop()
     assert path.read_bytes() == written and path.stat().st_mode == mode
     assert not list(run.glob(store.STATE_FILE + ".corrupt-*"))
 
-    on = DaemonProcess(config(run, enabled=True), tmp_path).start()
+    on = Gate(tmp_path, {"enabled": True})
     try:
-        status = wait_until(lambda: gate_status(str(run / "gate.sock")), 30, "the gate")
+        on.daemon.start()
+        status = wait_until(on.status_if_up, 30, "the gate")
         assert [(load["name"], load["state"]) for load in status["loads"]] == [("held", "starting")], status
     finally:
-        on.kill()
+        on.stop()
 
 
 def test_a_reload_that_turns_the_gate_off_keeps_it_serving_until_the_restart(tmp_path: Path) -> None:
     """SIGHUP with gate.enabled now false: the daemon warns and the gate keeps serving, its status on; a restart
     turns it off (no socket)."""
-    run = tmp_path / "run"
-    run.mkdir()
-    socket = str(run / "gate.sock")
-    daemon = DaemonProcess(config(run, enabled=True), tmp_path).start()
+    gate = Gate(tmp_path, {"enabled": True})
+    daemon = gate.daemon
     try:
-        wait_until(lambda: gate_status(socket), 30, "the gate")
-        daemon.config_path.write_text(json.dumps(config(run, enabled=False)))
-        daemon.signal(signal.SIGHUP)
-        daemon.wait_for(lambda: any(e.get("event") == "config reloaded" for e in daemon.events()), 30, "the reload")
-        warnings = [
-            e for e in daemon.events() if e.get("event") == "gate.socket and gate.enabled change only on restart"
-        ]
-        assert warnings, "no warning that turning the gate off takes a restart"
-        status = gate_status(socket)
+        gate.start()
+        reloaded(gate, False)
+        assert logged(daemon, RESTART_ONLY), "no warning that turning the gate off takes a restart"
+        status = gate.status_if_up()
         assert status is not None and (status["enabled"], status["serving"]) == (True, True), status
         stopped(daemon)
-        before = sum(e.get("event") == "tick" for e in daemon.events())
+        before = len(daemon.ticks())
 
         daemon.start()  # its log goes on in the same file
-        daemon.wait_for(lambda: ticked(daemon, before + 2), 30, "two ticks after the restart")
-        assert gate_status(socket) is None and not Path(socket).exists()
+        daemon.wait_for(lambda: len(daemon.ticks()) >= before + 2, 30, "two ticks after the restart")
+        assert gate.status_if_up() is None and not Path(gate.socket).exists()
     finally:
-        daemon.kill()
+        gate.stop()

@@ -22,7 +22,7 @@ import pytest
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import Change, Changer
+from nodeguard.actuators.changes import Change
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
 from tests import realcgroups as rc
@@ -131,22 +131,21 @@ def test_a_stop_at_any_moment_after_exec_restores_what_a_crashed_daemon_left(
 
 @pytest.mark.kernel
 def test_a_stop_while_starting_restores_on_cgroup_v2(tmp_path: Path) -> None:
-    """cgroup v2 (the VM): a ledger holding a pod's cpu.max and its tier's lowered weight, written as a crashed
-    daemon left it (ledger first, then the kernel); SIGTERM 2 and 7 s after the next daemon's exec, before its first
+    """cgroup v2 (the VM): a ledger holding a pod's cpu.max and its tier's lowered weight, in the ledger and the
+    kernel as a crashed daemon leaves them; SIGTERM 2 and 7 s after the next daemon's exec, before its first
     tick: it exits 0 with both back at their originals and an empty ledger (a signal before nodeguard's first
     line: the next start restores)."""
     with protected_node(rc.v2_cpu_hierarchy()) as node:
         ledger = tmp_path / "run/ledger.json"
         ledger.parent.mkdir()
-        built = levers.build(CgroupWriter(str(node.hierarchy.writable)), node.hierarchy.version)
         tier, pod = f"{node.parent}/kubepods/burstable", node.burners[0].pod
-        least = built["cpu.weight"].least_for(tier)  # type: ignore[attr-defined]
         found = Ledger(str(ledger))
-        done = Changer(found, built).apply([
-            Change("cpu.max", pod, CpuMax(50000).render_v2(), None, False, "throttle", "cpu_total_usage"),
-            Change("cpu.weight", tier, str(least), None, False, "lower", "protected_cpu_stall"),
-        ])  # fmt: skip
-        assert len(done.done) == 2 and not done.refused, done
+        executor = executor_for(str(node.hierarchy.writable), node.hierarchy.version, found)
+        throttle_by_hand(executor, found, pod, node.originals[pod], CpuMax(50000))
+        least = executor.weights.least_for(tier)
+        lowered = Change(executor.weights.name, tier, str(least), None, False, "lower", "protected_cpu_stall")
+        done = executor.changer.apply([lowered])
+        assert len(done.done) == 1 and not done.refused, done
         found.save()
         assert all(held(ledger).values()) and {pod, tier} <= node.changed()
         crashed_bytes = ledger.read_bytes()

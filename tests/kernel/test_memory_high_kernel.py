@@ -122,10 +122,6 @@ def daemon_config(pod: rc.KubeletPod, ledger: Path, threshold: int | None, on_st
     return config
 
 
-def ticks(daemon: DaemonProcess) -> int:
-    return sum(e.get("event") == "tick" for e in daemon.events())
-
-
 def daemon_for(pod: rc.KubeletPod, ledger: Path, threshold: int, on_start: str) -> Daemon:
     return Daemon(parse_document(daemon_config(pod, ledger, threshold, on_start)).settings_for({}))
 
@@ -201,8 +197,8 @@ def test_a_hold_left_by_sigkill_is_stepped_back_by_a_successor_without_the_objec
             second = DaemonProcess(config, tmp_path / "second").start()
             try:
                 second.wait_for(lambda: high(pod.pod) not in (held, "max"), 30 * SLOW, "the hold raised a step")
-                stepped = ticks(second)
-                second.wait_for(lambda: ticks(second) > stepped, 10 * SLOW, "a tick after the step")
+                stepped = len(second.ticks())
+                second.wait_for(lambda: len(second.ticks()) > stepped, 10 * SLOW, "a tick after the step")
                 reasons = [e.get("reason", "") for e in second.events() if e.get("event") == "memory_restore"]
                 assert reasons and all("no memory objective holds it" in r for r in reasons), reasons
                 assert not [e for e in second.events() if e.get("level") in ("error", "critical")]
