@@ -63,7 +63,7 @@ def _evict_precisely(tick: Tick, line: Waterline, gap: float, ranked: Ranked, dr
             tick.block(metric, Direction.EVICT, "eviction-pending", f"still terminating, releasing enough: {ids}")
         return
     limit = tick.guard.evictions.max_per_tick
-    for _, usage in ranked:
+    for usage in ranked:
         if remaining <= 0:
             return
         if tick.evicted_count[dry] >= limit:
@@ -92,7 +92,7 @@ def _evict_one(tick: Tick, line: Waterline, gap: float, ranked: Ranked, dry: boo
     if not ranked:
         tick.block(metric, Direction.EVICT, "exhausted", "no candidate left")
         return
-    _emit_evict(tick, line, ranked[0][1], gap_before=gap, release=None, dry=dry)
+    _emit_evict(tick, line, ranked[0], gap_before=gap, release=None, dry=dry)
     tick.cooldowns[(metric, Direction.EVICT)] = tick.guard.cooldown_ticks
 
 

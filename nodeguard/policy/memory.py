@@ -101,7 +101,7 @@ def memory_throttle(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> 
     # What this tick's throttles on the other memory metric may release counts; not towards evictions (evict.py):
     # a lowered memory.high may release nothing (anonymous memory without swap), and eviction is what is left.
     remaining = gap / per_unit + margin - tick.throttled_memory
-    for _, usage in ranked:
+    for usage in ranked:
         if remaining < GRANULE:
             return
         lowered = lower_high(tick, usage, remaining)
@@ -128,7 +128,7 @@ def memory_protect(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> N
         tick.block(line.metric, Direction.THROTTLE, "needs-cgroup-v2", NEEDS_V2)
         return
     acted = False
-    for _, usage in ranked:
+    for usage in ranked:
         lowered = lower_high(tick, usage, math.inf)  # a whole step: guard.memory.stepPercent of its usage
         if lowered is None:
             continue

@@ -146,7 +146,7 @@ class Protection:
         if target is None:
             return {}  # a what-if with nothing protected on the node: nobody to weigh against
         groups: dict[str, list[str]] = {}
-        for _, usage in ranked:
+        for usage in ranked:
             if (usage.cores or 0.0) < ACTIVE_CORES:
                 continue
             group = competing_group(usage.workload.id, target)
@@ -185,7 +185,7 @@ class Protection:
         who = f"{harmed.usage.workload.name} stalled {fmt(100.0 * share)}%" if harmed else "what-if"
         remaining = max(tick.min_change, share) + tick.absorbing() - tick.released_cores
         acted = False
-        for _, usage in ranked:
+        for usage in ranked:
             if remaining < CLOSED_CORES:
                 break
             lowered = lower(tick, usage, want=remaining)

@@ -50,7 +50,7 @@ def _throttle_precisely(tick: Tick, line: Waterline, gap: float, ranked: Ranked)
     # margin under the waterline, so measurement noise does not re-trigger;
     # and close what the waiting work will take of the CPU freed.
     remaining = gap / per_unit + tick.margin - tick.released_cores + tick.absorbing()
-    for _, usage in ranked:
+    for usage in ranked:
         if remaining < CLOSED_CORES:
             return
         lowered = lower(tick, usage, want=remaining)
@@ -64,7 +64,7 @@ def _throttle_precisely(tick: Tick, line: Waterline, gap: float, ranked: Ranked)
 
 def _throttle_one(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> None:
     fraction = tick.guard.closed_loop_step_percent / 100.0
-    for _, usage in ranked:
+    for usage in ranked:
         lowered = lower(tick, usage, fraction=fraction)
         if lowered is not None:
             emit_throttle(tick, line, usage, lowered, gap_before=gap, per_unit=None)

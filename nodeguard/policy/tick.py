@@ -39,28 +39,34 @@ def first_reason(metrics: frozenset[Metric]) -> Metric:
 
 
 class Readings(Mapping[Metric, float | None]):
-    """Every metric's node value, in its unit; protected_cpu_stall and protected_memory_stall, which take every
-    protected workload's stall, are worked out when first asked for (a what-if value is used as given)."""
+    """Every metric's node value, in its unit, read when first asked for (a calm tick asks for its objectives'
+    metrics only); protected_cpu_stall and protected_memory_stall take every protected workload's stall (a
+    what-if value is used as given)."""
 
     def __init__(self, node: NodeUsage, stalls: ProtectedStalls, memory: Callable[[], float | None]) -> None:
-        self._values = {metric: cap.read(node) for metric, cap in CAPABILITIES.items()}
-        self._stalls = stalls if self._values[Metric.PROTECTED_CPU_STALL] is None else None
-        self._memory = memory if self._values[Metric.PROTECTED_MEMORY_STALL] is None else None
+        self._node = node
+        self._values: dict[Metric, float | None] = {}
+        self._stalls = stalls
+        self._memory = memory
 
     def __getitem__(self, metric: Metric) -> float | None:
-        if metric is Metric.PROTECTED_CPU_STALL and self._stalls is not None:
-            self._values[metric] = self._stalls.reading()
-            self._stalls = None
-        if metric is Metric.PROTECTED_MEMORY_STALL and self._memory is not None:
-            self._values[metric] = self._memory()
-            self._memory = None
-        return self._values[metric]
+        try:
+            return self._values[metric]
+        except KeyError:
+            pass
+        value = CAPABILITIES[metric].read(self._node)
+        if value is None and metric is Metric.PROTECTED_CPU_STALL:
+            value = self._stalls.reading()
+        elif value is None and metric is Metric.PROTECTED_MEMORY_STALL:
+            value = self._memory()
+        self._values[metric] = value
+        return value
 
     def __iter__(self) -> Iterator[Metric]:
-        return iter(self._values)
+        return iter(CAPABILITIES)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(CAPABILITIES)
 
     def __repr__(self) -> str:
         return repr(dict(self))
@@ -219,7 +225,7 @@ class Tick:
     def ranked(self, names: tuple[str, ...]) -> Ranked:
         ranked = self.rankings.get(names)
         if ranked is None:
-            ranked = self.rankings[names] = ordering(names).rank(self.candidates())
+            ranked = self.rankings[names] = ordering(names).sort(self.candidates())
         return ranked
 
     def unknown(self, resource: Resource) -> list[str]:

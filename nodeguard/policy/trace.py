@@ -9,14 +9,16 @@ first, usages negated so that the largest comes first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nodeguard.model.samples import CpuMax
+from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import Workload
 from nodeguard.policy.actions import Action, Evict, MemoryRestore, MemoryThrottle, Restore, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
+from nodeguard.policy.ranking import ordering
 from nodeguard.policy.state import GuardState, HeldBack, QuotaTrial
 
 
@@ -82,6 +84,15 @@ def _action(action: Action) -> dict[str, Any]:
 
 def _key_part(part: object) -> object:
     return list(part) if isinstance(part, tuple) else part
+
+
+def _candidates(names: tuple[str, ...], shown: Sequence[WorkloadUsage]) -> list[dict[str, Any]]:
+    """The first candidates of an order, each with its sort key by comparator name."""
+    order = ordering(names)
+    return [
+        {"workload": usage.workload.id, "key": dict(zip(names, map(_key_part, order.key(usage)), strict=False))}
+        for usage in shown
+    ]
 
 
 def _state(state: GuardState) -> dict[str, Any]:
@@ -197,11 +208,7 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
             "evict": {str(m): gap for m, gap in plan.gaps.evict.items()},
         },
         "candidates": {
-            ",".join(names): [
-                {"workload": usage.workload.id, "key": dict(zip(names, map(_key_part, key), strict=False))}
-                for key, usage in ranked[:candidate_limit]
-            ]
-            for names, ranked in plan.rankings.items()
+            ",".join(names): _candidates(names, ranked[:candidate_limit]) for names, ranked in plan.rankings.items()
         },
         "actions": [_action(action) for action in plan.actions],
         "predicted_release": released,
