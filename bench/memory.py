@@ -44,7 +44,8 @@ alone (``alone_p99_ms``), then the streams for ``--seconds``. Strategies:
 Figures: ``protected_read_p99_ratio`` (p99 read time over the same run's alone
 p99), ``protected_memory_stall_pct`` (the reader pod's memory.pressure "some"
 over the window), ``batch_throughput_mb_s`` (what the streams read), and for the
-daemon ``memory_high_writes`` and ``restored_exactly``.
+daemon ``memory_high_writes``, ``memory_high_restores`` (raised while the
+streams still ran: the protected reader exposed again) and ``restored_exactly``.
 
 The last line is one JSON object ``{"scenarios": {"growth": {...}, "cache": {...}}}``.
 """
@@ -271,9 +272,9 @@ def growth(strategy: str, workdir: Path, seconds: float, alone: float) -> dict[s
                 highs = [(ROOT / found[t].pod / "memory.high").read_text().strip() for t in ("besteffort", "burstable")
                          if (ROOT / found[t].pod).is_dir()]  # fmt: skip
                 figures["restored_exactly"] = all(h == "max" for h in highs)
-                figures["memory_high_writes"] = sum(
-                    1 for e in daemon.events() if e.get("event") == "memory_throttle"
-                )  # fmt: skip
+                events = [e.get("event") for e in daemon.events()]
+                figures["memory_high_writes"] = events.count("memory_throttle")
+                figures["memory_high_restores"] = events.count("memory_restore")
         finally:
             for proc, _ in growers:
                 with contextlib.suppress(ProcessLookupError):
@@ -372,9 +373,9 @@ def cache(strategy: str, files: dict[str, list[Path]], workdir: Path, seconds: f
                 daemon.wait(timeout=120)
                 highs = [(ROOT / found[t].pod / "memory.high").read_text().strip() for t in ("besteffort", "burstable")]
                 figures["restored_exactly"] = all(h == "max" for h in highs)
-                figures["memory_high_writes"] = sum(
-                    1 for e in daemon.events() if e.get("event") == "memory_throttle"
-                )  # fmt: skip
+                events = [e.get("event") for e in daemon.events()]
+                figures["memory_high_writes"] = events.count("memory_throttle")
+                figures["memory_high_restores"] = events.count("memory_restore")  # while the streams ran: 0 wanted
         finally:
             for proc in [*streamers, reader]:
                 stop(proc)

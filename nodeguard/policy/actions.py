@@ -147,7 +147,7 @@ Cause = Literal[
     "exhausted",  # candidates cannot release enough: part of the gap stays open
     "step-too-small",  # the change would be under minChangePercent
     "futile",  # quotas did not cut the protected stall: given back, the quota lever off for a while
-    "contended",  # a lowered weight stays: the work under it still wants the CPU it holds from the protected
+    "contended",  # a lowered weight or memory.high stays: its work still wants what it holds from the protected
     "needs-cgroup-v2",  # memory throttling writes memory.high, which cgroup v1 does not have
 ]
 

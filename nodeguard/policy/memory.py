@@ -35,7 +35,11 @@ back the same way, a step a tick.
 protected_memory_stall: the protected workloads' own memory stall
 (memory.pressure "some") past its target lowers every candidate's memory.high
 one step (``memory_protect``), then cools down; restored like the others,
-a step and a cool-down at a time.
+a step and a cool-down at a time, but only once the candidate no longer presses
+against its hold (below PRESSING_SHARE of its memory.high, or no memory stall
+of its own): the protected stall is calm *because* of the hold while a stream
+still fills the page cache, and raising it then would expose them again (the
+weights' rule in policy/protect_levers.py, for memory).
 
 On cgroup v1 there is no memory.high: each memory throttle line is blocked
 with cause ``needs-cgroup-v2`` and evict objectives are untouched.
@@ -63,6 +67,9 @@ OVER_SLACK = 1 << 20
 # The metric a restore is counted under when its hold knows no reason and no memory objective is configured
 # (as policy.tick.first_reason does for quotas).
 ADOPTED_REASON = Metric.MEMORY_TOTAL_UTILIZATION
+# A workload using this share of its memory.high or more, and stalled on memory itself, is still held there by
+# the kernel's reclaim: it wants the memory its hold keeps from the protected workloads.
+PRESSING_SHARE = 0.95
 NEEDS_V2 = (
     "memory throttling writes memory.high, which needs cgroup v2 (cgroup v1's memory limits invoke the OOM "
     "killer); on this node only evict objectives act on memory"
@@ -266,8 +273,13 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
     spent = 0.0
     raised = False
     node = tick.node_memory()
+    guarding = any(line.metric is Metric.PROTECTED_MEMORY_STALL for line in lines)
+    pressing = []
     for usage in held:
         hold = tick.memory[usage.workload.id]
+        if guarding and Metric.PROTECTED_MEMORY_STALL in hold.reasons and presses(usage, hold.high):
+            pressing.append(usage.workload.id)
+            continue
         ceiling = min(math.inf if hold.original is None else hold.original, node)
         if hold.demand_bytes is not None:
             ceiling = min(ceiling, hold.demand_bytes)
@@ -282,7 +294,17 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
         metric = min(hold.reasons, key=str) if hold.reasons else unknown
         _emit_restore(tick, usage, hold, new=new, step=step, full=full, metric=metric, why=why)
         raised = True
+    if pressing:
+        names = ", ".join(pressing[:3]) + (" …" if len(pressing) > 3 else "")
+        detail = f"{len(pressing)} held still press against their memory.high (reclaimed, stalled): {names}"
+        tick.block(Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "contended", detail)
     return raised
+
+
+def presses(usage: WorkloadUsage, high: int) -> bool:
+    """Whether a held workload still wants more than its memory.high: it sits at it and stalls on reclaim."""
+    used, stall = usage.memory_bytes, usage.memory_stall_pct
+    return used is not None and used >= PRESSING_SHARE * high and stall is not None and stall > 0.0
 
 
 def _emit_restore(

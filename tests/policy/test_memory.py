@@ -253,6 +253,24 @@ def test_memory_stall_holds_come_back_a_step_at_a_time_once_calm() -> None:
     assert (Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "cooldown") in causes(again)
 
 
+def test_a_memory_stall_hold_stays_while_its_stream_still_presses_against_it() -> None:
+    """Calm only because of the hold: a stream at its memory.high and stalled on its own reclaim keeps the hold
+    ("contended"); once it no longer stalls, or has dropped well below it, the hold comes back a step."""
+    held = HeldMemory("stream", None, GiB, frozenset({Metric.PROTECTED_MEMORY_STALL}), 50.0, 2 * GiB)
+    rules = guard(mem_protect(), memory={"restoreStepPercent": 1})
+    state = GuardState(memory={"stream": held})
+    def stream(used: int, stall: float) -> WorkloadUsage:
+        return mem("stream", used, high=GiB)._replace(memory_stall_pct=stall)
+
+    pressing = plan(at(6 * GiB, gold(0.5), stream(GiB, 3.0)), state, rules)
+    assert not [a for a in pressing.actions if isinstance(a, MemoryRestore)]
+    assert (Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "contended") in causes(pressing)
+    assert pressing.state.memory == {"stream": held}
+    for quiet in (stream(GiB, 0.0), stream(GiB // 2, 3.0)):
+        [step] = [a for a in plan(at(6 * GiB, gold(0.5), quiet), state, rules).actions if isinstance(a, MemoryRestore)]
+        assert step.high == GiB + down(0.01 * 16 * GiB)
+
+
 def test_protected_memory_needs_cgroup_v2_too() -> None:
     """On v1 (no memory.pressure per cgroup, no memory.high) the protected-memory line is blocked with its cause."""
     node = at(6 * GiB, gold(30.0), mem("stream", 2 * GiB, high=None), version="v1")  # type: ignore[arg-type]
