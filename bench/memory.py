@@ -43,7 +43,8 @@ alone (``alone_p99_ms``), then the streams for ``--seconds``. Strategies:
 
 Figures: ``protected_read_p99_ratio`` (p99 read time over the same run's alone
 p99), ``protected_memory_stall_pct`` (the reader pod's memory.pressure "some"
-over the window), ``batch_throughput_mb_s`` (what the streams read), and for the
+over the window), ``batch_throughput_mb_s`` (what the streams read),
+``batch_memory_stall_pct`` (the streaming pods' own, averaged), and for the
 daemon ``memory_high_writes``, ``memory_high_restores`` (raised while the
 streams still ran: the protected reader exposed again) and ``restored_exactly``.
 
@@ -358,9 +359,12 @@ def cache(strategy: str, files: dict[str, list[Path]], workdir: Path, seconds: f
                 (ROOT / found[tier].inner / "cgroup.procs").write_text(str(proc.pid))
                 streamers.append(proc)
             time.sleep(2.0)  # the streams get going
+            batch = [found["besteffort"], found["burstable"]]
             start, bytes0, stall0 = time.monotonic(), streamed(progress), pressure_usec(found["protected"])
+            batch0 = sum(map(pressure_usec, batch))
             time.sleep(seconds)
             until, bytes1, stall1 = time.monotonic(), streamed(progress), pressure_usec(found["protected"])
+            batch1 = sum(map(pressure_usec, batch))
             alone = read_p99(out, since, alone_until)
             loaded = read_p99(out, start, until)
             figures["alone_p99_ms"] = None if alone is None else round(alone, 2)
@@ -368,6 +372,7 @@ def cache(strategy: str, files: dict[str, list[Path]], workdir: Path, seconds: f
             figures["protected_read_p99_ratio"] = None if not alone or loaded is None else round(loaded / alone, 2)
             figures["protected_memory_stall_pct"] = round(100.0 * (stall1 - stall0) / 1e6 / (until - start), 2)
             figures["batch_throughput_mb_s"] = round((bytes1 - bytes0) / 1e6 / (until - start), 1)
+            figures["batch_memory_stall_pct"] = round(100.0 * (batch1 - batch0) / 1e6 / (until - start) / 2, 2)
             if daemon is not None:
                 daemon.signal(signal.SIGTERM)
                 daemon.wait(timeout=120)
@@ -463,4 +468,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from tests.workloads import stop_cleanly_on_sigterm
+
+    stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -730,4 +730,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    from tests.workloads import stop_cleanly_on_sigterm
+
+    stop_cleanly_on_sigterm()
     raise SystemExit(main())

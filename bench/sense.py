@@ -150,4 +150,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    from tests.workloads import stop_cleanly_on_sigterm
+
+    stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -35,11 +35,12 @@ back the same way, a step a tick.
 protected_memory_stall: the protected workloads' own memory stall
 (memory.pressure "some") past its target lowers every candidate's memory.high
 one step (``memory_protect``), then cools down; restored like the others,
-a step and a cool-down at a time, but only once the candidate no longer presses
-against its hold (below PRESSING_SHARE of its memory.high, or no memory stall
-of its own): the protected stall is calm *because* of the hold while a stream
-still fills the page cache, and raising it then would expose them again (the
-weights' rule in policy/protect_levers.py, for memory).
+a step and a cool-down at a time, but only once the candidate has not pressed
+against its hold for PRESSED_SECONDS (pressing: at PRESSING_SHARE of its
+memory.high or more, and stalled on memory itself): the protected stall is
+calm *because* of the hold while a stream still fills the page cache, and
+raising it then would expose them again (the weights' rule in
+policy/protect_levers.py, for memory).
 
 On cgroup v1 there is no memory.high: each memory throttle line is blocked
 with cause ``needs-cgroup-v2`` and evict objectives are untouched.
@@ -70,6 +71,9 @@ ADOPTED_REASON = Metric.MEMORY_TOTAL_UTILIZATION
 # A workload using this share of its memory.high or more, and stalled on memory itself, is still held there by
 # the kernel's reclaim: it wants the memory its hold keeps from the protected workloads.
 PRESSING_SHARE = 0.95
+# Seconds a hold stays after its workload last pressed against it (PSI's own shortest average is over 10 s): a
+# stream's reclaim stalls come in bursts, and one tick without one does not mean it stopped.
+PRESSED_SECONDS = 10.0
 NEEDS_V2 = (
     "memory throttling writes memory.high, which needs cgroup v2 (cgroup v1's memory limits invoke the OOM "
     "killer); on this node only evict objectives act on memory"
@@ -215,6 +219,7 @@ def _emit_throttle(
             reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
             since=held.since if held is not None else tick.now,
             demand_bytes=held.demand_bytes if held is not None else usage.memory_bytes,
+            pressed=held.pressed if held is not None else None,
         )
 
 
@@ -222,6 +227,7 @@ def memory_restore(tick: Tick, lines: Sequence[Waterline]) -> None:
     """Raise held memory.high values a step when every memory throttle metric is calm."""
     if not tick.memory_before:
         return
+    _note_pressing(tick)
     for line in lines:
         if line.metric in tick.gaps.throttle_down:
             tick.block(line.metric, Direction.RESTORE, "throttling", f"{line.metric} is past its waterline")
@@ -277,7 +283,7 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
     pressing = []
     for usage in held:
         hold = tick.memory[usage.workload.id]
-        if guarding and Metric.PROTECTED_MEMORY_STALL in hold.reasons and presses(usage, hold.high):
+        if guarding and hold.pressed is not None and tick.now - hold.pressed < PRESSED_SECONDS:
             pressing.append(usage.workload.id)
             continue
         ceiling = min(math.inf if hold.original is None else hold.original, node)
@@ -299,6 +305,14 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
         detail = f"{len(pressing)} held still press against their memory.high (reclaimed, stalled): {names}"
         tick.block(Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "contended", detail)
     return raised
+
+
+def _note_pressing(tick: Tick) -> None:
+    """Stamp the holds the protected-memory objective made whose workload presses against them now."""
+    for wid, hold in tick.memory.items():
+        usage = tick.workloads.get(wid)
+        if usage is not None and Metric.PROTECTED_MEMORY_STALL in hold.reasons and presses(usage, hold.high):
+            tick.memory[wid] = replace(hold, pressed=tick.now)
 
 
 def presses(usage: WorkloadUsage, high: int) -> bool:

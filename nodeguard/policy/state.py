@@ -56,6 +56,8 @@ class HeldMemory:
     since: float  # monotonic time of the first throttle
     # Bytes it used when first throttled: a restore that lifts memory.high past this releases it at once.
     demand_bytes: int | None = None
+    # Monotonic time it was last seen pressing against the hold (policy.memory.presses); None: not yet.
+    pressed: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,20 +255,28 @@ def test_memory_stall_holds_come_back_a_step_at_a_time_once_calm() -> None:
 
 def test_a_memory_stall_hold_stays_while_its_stream_still_presses_against_it() -> None:
     """Calm only because of the hold: a stream at its memory.high and stalled on its own reclaim keeps the hold
-    ("contended"); once it no longer stalls, or has dropped well below it, the hold comes back a step."""
+    ("contended"), through ticks without a stall of its own, until it has not pressed for 10 s, or while well
+    below the value; then the hold comes back a step."""
     held = HeldMemory("stream", None, GiB, frozenset({Metric.PROTECTED_MEMORY_STALL}), 50.0, 2 * GiB)
     rules = guard(mem_protect(), memory={"restoreStepPercent": 1})
-    state = GuardState(memory={"stream": held})
-    def stream(used: int, stall: float) -> WorkloadUsage:
-        return mem("stream", used, high=GiB)._replace(memory_stall_pct=stall)
 
-    pressing = plan(at(6 * GiB, gold(0.5), stream(GiB, 3.0)), state, rules)
-    assert not [a for a in pressing.actions if isinstance(a, MemoryRestore)]
+    def tick(state: GuardState, now: float, used: int, stall: float) -> Plan:
+        stream = mem("stream", used, high=GiB)._replace(memory_stall_pct=stall)
+        return plan(at(6 * GiB, gold(0.5), stream, monotonic=now), state, rules)
+
+    def raised(p: Plan) -> list[int | None]:
+        return [a.high for a in p.actions if isinstance(a, MemoryRestore)]
+
+    pressing = tick(GuardState(memory={"stream": held}), 100.0, GiB, 3.0)
+    assert raised(pressing) == []
     assert (Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "contended") in causes(pressing)
-    assert pressing.state.memory == {"stream": held}
-    for quiet in (stream(GiB, 0.0), stream(GiB // 2, 3.0)):
-        [step] = [a for a in plan(at(6 * GiB, gold(0.5), quiet), state, rules).actions if isinstance(a, MemoryRestore)]
-        assert step.high == GiB + down(0.01 * 16 * GiB)
+    assert pressing.state.memory["stream"].pressed == 100.0
+    quiet = tick(pressing.state, 105.0, GiB, 0.0)  # a tick without a stall of its own: not stopped yet
+    assert raised(quiet) == [] and quiet.state.memory["stream"].pressed == 100.0
+    assert raised(tick(quiet.state, 110.5, GiB, 0.0)) == [GiB + down(0.01 * 16 * GiB)]
+    # Never pressed: well below its value (stalled or not), or at it without a stall, it comes back at once.
+    for used, stall in ((GiB // 2, 3.0), (GiB, 0.0)):
+        assert raised(tick(GuardState(memory={"stream": held}), 100.0, used, stall)) == [GiB + down(0.01 * 16 * GiB)]
 
 
 def test_protected_memory_needs_cgroup_v2_too() -> None:
