@@ -41,7 +41,8 @@ VM_BOUND = 5.0  # the emulated VM: static levers measured 1.6-4.5x alone there (
 @pytest.fixture
 def node() -> Iterator[ShapedNode]:
     # Host v1 only: under the VM's emulation this minute-long test alone would take most of the kernel suite's
-    # time budget; the v2 side of "weights stay down while contended" is the policy's (tests/policy/test_protect.py).
+    # time budget. On v2 (the VM) test_protect_e2e keeps the burners three holds past the harm's close and checks
+    # the weight stays down; the probe's tail there is the emulation's (static levers 1.6-4.5x alone).
     with protected_node(rc.v1_cpu_hierarchy(), PROTECTED_LIMIT) as shaped:
         yield shaped
 
