@@ -372,7 +372,7 @@ def cache(strategy: str, files: dict[str, list[Path]], workdir: Path, seconds: f
             figures["protected_read_p99_ratio"] = None if not alone or loaded is None else round(loaded / alone, 2)
             figures["protected_memory_stall_pct"] = round(100.0 * (stall1 - stall0) / 1e6 / (until - start), 2)
             figures["batch_throughput_mb_s"] = round((bytes1 - bytes0) / 1e6 / (until - start), 1)
-            figures["batch_memory_stall_pct"] = round(100.0 * (batch1 - batch0) / 1e6 / (until - start) / 2, 2)
+            figures["batch_memory_stall_pct"] = round(100.0 * (batch1 - batch0) / 1e6 / (until - start) / len(batch), 2)
             if daemon is not None:
                 daemon.signal(signal.SIGTERM)
                 daemon.wait(timeout=120)

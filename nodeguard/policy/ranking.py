@@ -29,7 +29,7 @@ for display.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QOS_RANK
@@ -89,11 +89,6 @@ class Ordering:
     """A composed comparator: sorts workloads least important first."""
 
     comparators: tuple[Comparator, ...]
-    passes: tuple[Comparator, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        parts = (part for c in self.comparators for part in PARTS.get(c, (c,)))
-        object.__setattr__(self, "passes", (*parts, workload_id)[::-1])
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -105,8 +100,10 @@ class Ordering:
     def sort(self, usages: Iterable[WorkloadUsage]) -> Ranked:
         """Least important first: ordered as by ``key``."""
         ranked = list(usages)
-        for part in self.passes:  # stable sorts, the tie-breaker first
-            ranked.sort(key=part)
+        ranked.sort(key=workload_id)
+        for comparator in reversed(self.comparators):  # stable sorts: each earlier part decides over the later ones
+            for part in reversed(PARTS.get(comparator, (comparator,))):
+                ranked.sort(key=part)
         return ranked
 
 

@@ -111,8 +111,9 @@ def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
         before, _ = result
         assert max(before) > THRESHOLD, "the burners did harm the protected pod"
         events = daemon.events()
+        tier = f"{node.parent}/kubepods/burstable"
         reweighed = {e["group"] for e in events if e.get("event") == "reweigh"}
-        assert reweighed == {f"{node.parent}/kubepods/burstable"}, reweighed
+        assert reweighed == {tier}, reweighed
         throttled = {e["workload"] for e in events if e.get("event") == "throttle"}
         assert throttled <= {pod.pod for pod in node.burners}, throttled
         # Every file the daemon wrote (its debug log names each) is the tier's weight or a burner's limit.
@@ -125,7 +126,6 @@ def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
 
         # Contention outlasting the 3 s hold three times: the weight stays down while the burners still want the
         # CPU (on v2 too; the probe's tail under it is test_protect_hold's, on the host).
-        tier = f"{node.parent}/kubepods/burstable"
         contended = time.monotonic()
         while time.monotonic() - contended < CONTENDED:
             assert tier in node.changed(), "the tier's weight came back while the burners ran"
