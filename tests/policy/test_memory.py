@@ -279,6 +279,17 @@ def test_a_memory_stall_hold_stays_while_its_stream_still_presses_against_it() -
         assert raised(tick(GuardState(memory={"stream": held}), 100.0, used, stall)) == [GiB + down(0.01 * 16 * GiB)]
 
 
+def test_a_pressed_hold_is_given_back_once_a_reload_removes_the_objective() -> None:
+    """A reload that drops protected_memory_stall while its stream still presses: no objective asks for the hold
+    any more, so it rises a step that tick ("no memory objective holds it"), pressed or not."""
+    held = HeldMemory("stream", None, GiB, frozenset({Metric.PROTECTED_MEMORY_STALL}), 50.0, 2 * GiB, pressed=99.0)
+    stream = mem("stream", GiB, high=GiB)._replace(memory_stall_pct=3.0)
+    p = plan(at(6 * GiB, gold(0.5), stream), GuardState(memory={"stream": held}), guard(cpu_throttle(),
+             memory={"restoreStepPercent": 1}))  # fmt: skip
+    [step] = [a for a in p.actions if isinstance(a, MemoryRestore)]
+    assert step.high == GiB + down(0.01 * 16 * GiB) and "no memory objective holds it" in step.reason
+
+
 def test_protected_memory_needs_cgroup_v2_too() -> None:
     """On v1 (no memory.pressure per cgroup, no memory.high) the protected-memory line is blocked with its cause."""
     node = at(6 * GiB, gold(30.0), mem("stream", 2 * GiB, high=None), version="v1")  # type: ignore[arg-type]
