@@ -35,7 +35,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     here, 40 times that in the emulated VM, which reads this tree).
     """
     if os.environ.get("NODEGUARD_IN_VM") == "1":
-        return  # the host compiled it before the VM booted; the guest's writes would be lost anyway
+        # The host compiled it before the VM booted. The daemons the tests start are forked from a preloaded
+        # interpreter (tests/preloaded.py): it imports on the other vCPU while this one collects.
+        from tests import preloaded
+
+        preloaded.warm()
+        return
     for tree in ("nodeguard", "tests", "bench"):  # py_compile writes even under PYTHONDONTWRITEBYTECODE
         assert compileall.compile_dir(REPO_ROOT / tree, quiet=1), f"{tree}/ does not compile"
 

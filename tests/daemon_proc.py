@@ -12,23 +12,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests import preloaded
+from tests.preloaded import Forked
+
+IN_VM = os.environ.get("NODEGUARD_IN_VM") == "1"
+
 
 class DaemonProcess:
-    """``nodeguard run`` with JSON logs to a file the test reads."""
+    """``nodeguard run`` with JSON logs to a file the test reads.
 
-    def __init__(self, config: dict[str, Any], workdir: Path, *extra: str) -> None:
+    In the QEMU VM it is forked from an interpreter that has imported the daemon already (tests/preloaded.py),
+    unless ``exec_it``: a test of the start itself.
+    """
+
+    def __init__(self, config: dict[str, Any], workdir: Path, *extra: str, exec_it: bool = False) -> None:
         self.workdir = workdir
         self.config_path = workdir / "nodeguard.json"
         self.config_path.write_text(json.dumps(config))
         self.log_path = workdir / f"daemon-{time.monotonic_ns()}.log"
         self.args = [sys.executable, "-m", "nodeguard", "--log-level", "debug", "run", "--config", str(self.config_path), *extra]
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.exec_it = exec_it or not IN_VM
+        self.proc: subprocess.Popen[bytes] | Forked | None = None
 
     def start(self, env: dict[str, str] | None = None) -> DaemonProcess:
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            self.args, stdout=log, stderr=log, env={**os.environ, **(env or {})}, cwd=str(Path(__file__).parents[1])
-        )
+        environment = {**os.environ, **(env or {})}
+        cwd = str(Path(__file__).parents[1])
+        log = self.log_path.open("ab")  # there from the start, as the exec'd daemon's is
+        if not self.exec_it:
+            log.close()
+            self.proc = preloaded.start(self.args[3:], str(self.log_path), environment, cwd)
+            return self
+        self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, env=environment, cwd=cwd)
         log.close()
         return self
 
@@ -71,4 +85,4 @@ class DaemonProcess:
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait()
+            self.proc.wait(60)  # bounded: a forked daemon's status comes through its forkserver

@@ -89,9 +89,11 @@ def test_kernel_tests_pass_inside_vm(request: pytest.FixtureRequest, tmp_path: P
     # sys.executable, not its resolved path: the venv's bin/python is what
     # selects the same site-packages inside the guest. Hypothesis's plugin
     # imports (and assertion-rewrites) all of hypothesis at the end of the run:
-    # 10-30 s under emulation for nothing the kernel tests use.
+    # 10-30 s under emulation for nothing the kernel tests use. A test stuck for
+    # 200 s dumps every thread's stack to the console, which a VM timeout shows.
     command = [
         sys.executable, "-m", "pytest", "-m", "kernel", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+        "-o", "faulthandler_timeout=200",
         f"--junitxml={GUEST_OUT_DIR}/junit.xml", *expected,
     ]  # fmt: skip
     _compile_for_the_guest(command)
