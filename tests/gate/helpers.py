@@ -99,10 +99,15 @@ class Gate:
         self.daemon = DaemonProcess(self.config, tmp)
         self.clients: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> Gate:
+    def start(self, *, wait: bool = True) -> Gate:
+        """Start the daemon and (``wait``) wait until its gate answers; see ``wait_answering``."""
         self.daemon.start()
-        self.daemon.wait_for(self._answers, 20, "the gate socket")
+        if wait:
+            self.wait_answering()
         return self
+
+    def wait_answering(self) -> None:
+        self.daemon.wait_for(self._answers, 20, "the gate socket")
 
     def _answers(self) -> bool:
         return bool((answer(self.socket, {"op": "ping"}) or {}).get("ok"))
