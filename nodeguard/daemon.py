@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
 import resource
 import signal
 import time
@@ -44,7 +43,6 @@ from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
 from nodeguard.sd_notify import Notifier
 from nodeguard.sources.sensor import Sensor
-from nodeguard.tick_schedule import next_wake
 
 if TYPE_CHECKING:  # features that are off are not imported (the Kubernetes client's httpx, the MQTT client)
     from nodeguard.kubernetes.integration import Kubernetes
@@ -372,17 +370,20 @@ class Daemon:
         return f"no successful tick for {age:.0f}s" if age > stale else None
 
     async def _tick_loop(self) -> None:
-        grid = time.monotonic()
+        next_tick = time.monotonic()
         while not self.stopping.is_set():
             try:
                 self.tick()
             except Exception as exc:  # a bug in one tick must not take the node's guard down
                 self.stats.errors += 1
                 log.error("tick failed", error=str(exc), exc_info=True)
+            period = self.settings.sensing.tick_seconds
+            next_tick += period
             now = time.monotonic()
-            grid, wake = next_wake(grid, self.settings.sensing.tick_seconds, now, random.random())
+            if next_tick < now:  # overran: skip the missed ticks rather than bunch them
+                next_tick = now + period
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), timeout=wake - now)
+                await asyncio.wait_for(self.stopping.wait(), timeout=next_tick - now)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         assert self._group is not None
