@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import compileall
-import os
 from pathlib import Path
 
 import pytest
@@ -34,7 +33,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     on CI, each of them would compile every module it imports (about 0.3 s
     here, 40 times that in the emulated VM, which reads this tree).
     """
-    if os.environ.get("NODEGUARD_IN_VM") == "1":
+    from tests.kernel.vm import IN_VM
+
+    if IN_VM:
         # The host compiled it before the VM booted. The daemons the tests start are forked from a preloaded
         # interpreter (tests/preloaded.py): it imports on the other vCPU while this one collects.
         from tests import preloaded

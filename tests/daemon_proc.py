@@ -8,42 +8,47 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tests import preloaded
+from tests.kernel.vm import IN_VM
 from tests.preloaded import Forked
-
-IN_VM = os.environ.get("NODEGUARD_IN_VM") == "1"
 
 
 class DaemonProcess:
     """``nodeguard run`` with JSON logs to a file the test reads.
 
     In the QEMU VM it is forked from an interpreter that has imported the daemon already (tests/preloaded.py),
-    unless ``exec_it``: a test of the start itself.
+    unless ``exec_it`` (a test of the start itself) or a ``wrapper`` command runs it.
     """
 
-    def __init__(self, config: dict[str, Any], workdir: Path, *extra: str, exec_it: bool = False) -> None:
+    def __init__(
+        self, config: dict[str, Any], workdir: Path, *extra: str, exec_it: bool = False, wrapper: Sequence[str] = ()
+    ) -> None:
         self.workdir = workdir
         self.config_path = workdir / "nodeguard.json"
         self.config_path.write_text(json.dumps(config))
         self.log_path = workdir / f"daemon-{time.monotonic_ns()}.log"
-        self.args = [sys.executable, "-m", "nodeguard", "--log-level", "debug", "run", "--config", str(self.config_path), *extra]
-        self.exec_it = exec_it or not IN_VM
+        self.argv = ["--log-level", "debug", "run", "--config", str(self.config_path), *extra]  # nodeguard's own
+        self.wrapper = list(wrapper)
+        self.exec_it = exec_it or bool(wrapper) or not IN_VM
         self.proc: subprocess.Popen[bytes] | Forked | None = None
+
+    @property
+    def args(self) -> list[str]:
+        """The command line exec'd."""
+        return [*self.wrapper, sys.executable, "-m", "nodeguard", *self.argv]
 
     def start(self, env: dict[str, str] | None = None) -> DaemonProcess:
         environment = {**os.environ, **(env or {})}
         cwd = str(Path(__file__).parents[1])
-        log = self.log_path.open("ab")  # there from the start, as the exec'd daemon's is
-        if not self.exec_it:
-            log.close()
-            self.proc = preloaded.start(self.args[3:], str(self.log_path), environment, cwd)
-            return self
-        self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, env=environment, cwd=cwd)
-        log.close()
+        with self.log_path.open("ab") as log:  # there from the start, whichever way the daemon starts
+            if self.exec_it:
+                self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, env=environment, cwd=cwd)
+            else:
+                self.proc = preloaded.start(self.argv, str(self.log_path), environment, cwd)
         return self
 
     def events(self) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ groups side by side, classified by the config's ``workloads.groups``. The
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,10 +20,11 @@ from typing import Any
 
 from nodeguard.model.samples import CpuMax
 from tests import realcgroups as rc
+from tests.kernel.vm import IN_VM
 from tests.workloads import start_duty_cycle
 
 TICK = 0.5
-SLOW = 8.0 if os.environ.get("NODEGUARD_IN_VM") == "1" else 1.0  # emulated CPUs: every wait longer
+SLOW = 8.0 if IN_VM else 1.0  # emulated CPUs: every wait longer
 BURNERS = 6
 UNLIMITED = CpuMax(None)
 

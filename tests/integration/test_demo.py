@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests import realcgroups as rc
+from tests.kernel.vm import IN_VM
 
-SLOW = 8.0 if os.environ.get("NODEGUARD_IN_VM") == "1" else 1.0
+SLOW = 8.0 if IN_VM else 1.0
 
 
 def leftovers() -> list[Path]:

@@ -10,7 +10,6 @@ quota. cgroup v1 on this host (the VM's emulation is too slow for a test this lo
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
 from tests.integration.harness import SLOW, ShapedNode
 from tests.integration.test_protect_e2e import protect_config, protected_node
+from tests.kernel.vm import IN_VM
 from tests.workloads import CPU_UNITS, p99, p99_windows, probe_lateness, start_probe
 
 HOLD = 3.0  # weightHoldSeconds: a fifth of a measured window
@@ -31,7 +31,6 @@ WINDOW = 15.0  # seconds of each window whose p99 is judged
 CONTENTION = 20.0  # seconds measured under contention, after the weight came down: two 15 s windows, 5 s apart
 ALONE = 8.0  # 800 units: the p99 is the 8th latest
 PROTECTED_LIMIT = CpuMax(100000)  # 1 core at the pod and its container: the probe's 0.4 core never hits it
-IN_VM = os.environ.get("NODEGUARD_IN_VM") == "1"
 # What the test tells apart: the lever held (0.8-1.7x alone on this host, CI's noisiest window 1.71x) from the
 # probe re-exposed by a restore (12x over 15 s when measured, issue 21). bench/protect.py measures the tail itself.
 HOST_BOUND = 3.0

@@ -101,8 +101,7 @@ def every_line_is_json(daemon: DaemonProcess) -> list[dict[str, Any]]:
 
 
 def start(tmp: Path, cfg: dict[str, Any], wrapper: list[str] | None = None, ready: bool = True) -> Running:
-    daemon = DaemonProcess(cfg, tmp)
-    daemon.args = [*(wrapper or []), *daemon.args]
+    daemon = DaemonProcess(cfg, tmp, wrapper=wrapper or ())
     daemon.start()
     running = Running(daemon, cfg)
     if ready:

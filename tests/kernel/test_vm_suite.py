@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kernel.vm import GUEST_OUT_DIR, REPO_ROOT, run_in_vm, vm_available
+from tests.kernel.vm import GUEST_OUT_DIR, IN_VM, REPO_ROOT, run_in_vm, vm_available
 
 VM_TIMEOUT_S = 600
 
@@ -78,7 +78,7 @@ def _slowest(junit: Path, count: int = 8) -> str:
 
 def test_kernel_tests_pass_inside_vm(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """Every ``kernel`` test this host collected runs and passes in a VM with a pure cgroup v2 kernel: the same set."""
-    if os.environ.get("NODEGUARD_IN_VM") == "1":
+    if IN_VM:
         pytest.skip("already inside the kernel VM")
     if reason := vm_available():
         if os.environ.get("NODEGUARD_SKIP_VM") == "1":

@@ -46,6 +46,9 @@ CACHE_DIR = REPO_ROOT / ".vm"
 # Where the writable share is mounted inside the chroot; exported to the
 # command as NODEGUARD_VM_OUT.
 GUEST_OUT_DIR = "/run/nodeguard-vm"
+# Set in the guest's environment: code under test in the VM can tell where it runs.
+GUEST_FLAG = "NODEGUARD_IN_VM"
+IN_VM = os.environ.get(GUEST_FLAG) == "1"
 
 QEMU = "qemu-system-x86_64"
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
@@ -404,7 +407,7 @@ def _guest_env(extra: Mapping[str, str] | None) -> dict[str, str]:
         "HOME": "/root",
         "LANG": "C.UTF-8",
         "TERM": "dumb",
-        "NODEGUARD_IN_VM": "1",
+        GUEST_FLAG: "1",
         "NODEGUARD_VM_OUT": GUEST_OUT_DIR,
     }
     env.update(extra or {})
