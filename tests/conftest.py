@@ -36,12 +36,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from tests.kernel.vm import IN_VM
 
     if IN_VM:
-        # The host compiled it before the VM booted. The daemons the tests start are forked from a preloaded
-        # interpreter (tests/preloaded.py): it imports on the other vCPU while this one collects.
-        from tests import preloaded
-
-        preloaded.warm()
-        return
+        return  # the host compiled it before the VM booted; the guest's writes would be lost anyway
     for tree in ("nodeguard", "tests", "bench"):  # py_compile writes even under PYTHONDONTWRITEBYTECODE
         assert compileall.compile_dir(REPO_ROOT / tree, quiet=1), f"{tree}/ does not compile"
 

@@ -12,29 +12,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests import preloaded
-from tests.kernel.vm import IN_VM
-from tests.preloaded import Forked
-
 
 class DaemonProcess:
-    """``nodeguard run`` with JSON logs to a file the test reads.
+    """``nodeguard run`` (under ``wrapper``, if given) with JSON logs to a file the test reads."""
 
-    In the QEMU VM it is forked from an interpreter that has imported the daemon already (tests/preloaded.py),
-    unless ``exec_it`` (a test of the start itself) or a ``wrapper`` command runs it.
-    """
-
-    def __init__(
-        self, config: dict[str, Any], workdir: Path, *extra: str, exec_it: bool = False, wrapper: Sequence[str] = ()
-    ) -> None:
+    def __init__(self, config: dict[str, Any], workdir: Path, *extra: str, wrapper: Sequence[str] = ()) -> None:
         self.workdir = workdir
         self.config_path = workdir / "nodeguard.json"
         self.config_path.write_text(json.dumps(config))
         self.log_path = workdir / f"daemon-{time.monotonic_ns()}.log"
         self.argv = ["--log-level", "debug", "run", "--config", str(self.config_path), *extra]  # nodeguard's own
         self.wrapper = list(wrapper)
-        self.exec_it = exec_it or bool(wrapper) or not IN_VM
-        self.proc: subprocess.Popen[bytes] | Forked | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def args(self) -> list[str]:
@@ -42,13 +31,9 @@ class DaemonProcess:
         return [*self.wrapper, sys.executable, "-m", "nodeguard", *self.argv]
 
     def start(self, env: dict[str, str] | None = None) -> DaemonProcess:
-        environment = {**os.environ, **(env or {})}
-        cwd = str(Path(__file__).parents[1])
-        with self.log_path.open("ab") as log:  # there from the start, whichever way the daemon starts
-            if self.exec_it:
-                self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, env=environment, cwd=cwd)
-            else:
-                self.proc = preloaded.start(self.argv, str(self.log_path), environment, cwd)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, env={**os.environ, **(env or {})},
+                                         cwd=str(Path(__file__).parents[1]))  # fmt: skip
         return self
 
     def events(self) -> list[dict[str, Any]]:
@@ -90,4 +75,4 @@ class DaemonProcess:
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
-            self.proc.wait(60)  # bounded: a forked daemon's status comes through its forkserver
+            self.proc.wait()

@@ -94,7 +94,7 @@ def run_and_stop(
     """A daemon on the crashed ledger, sent ``signum`` ``delay`` s after exec (None: as soon as it has taken the
     signal over): its exit code, and whether it had taken the signal over when it was sent."""
     workdir.mkdir()
-    daemon = DaemonProcess(protect_config(node, ledger), workdir, exec_it=True).start()
+    daemon = DaemonProcess(protect_config(node, ledger), workdir).start()
     assert daemon.proc is not None
     try:
         if delay is None:
@@ -180,7 +180,7 @@ def test_a_reload_while_starting_is_applied_after_start_and_a_stop_then_restores
     for i, delay in enumerate((bare_interpreter_seconds(), 0.1, 0.3, 0.6)):
         put_back_the_crash(node, ledger, crashed_bytes)
         (tmp_path / f"hup-{i}").mkdir()
-        daemon = DaemonProcess(protect_config(node, ledger), tmp_path / f"hup-{i}", exec_it=True).start()
+        daemon = DaemonProcess(protect_config(node, ledger), tmp_path / f"hup-{i}").start()
         assert daemon.proc is not None
         try:
             time.sleep(delay)
@@ -221,7 +221,7 @@ def test_a_stop_at_any_moment_honours_on_exit_keep(node: ShapedNode, tmp_path: P
     config = protect_config(node, ledger)
     config["global"]["actuation"].update(onStart="adopt", onExit="keep")
     (tmp_path / "keep").mkdir()
-    daemon = DaemonProcess(config, tmp_path / "keep", exec_it=True).start()
+    daemon = DaemonProcess(config, tmp_path / "keep").start()
     assert daemon.proc is not None
     try:
         pid = daemon.proc.pid
