@@ -83,7 +83,7 @@ sys.path.insert(0, str(REPO))
 from nodeguard.model.samples import CpuMax  # noqa: E402
 from tests import realcgroups as rc  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
-from tests.gate.helpers import free_port  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 from tests.workloads import CPU_UNITS, p99, p99_windows, probe_iterations, probe_lateness, start_probe  # noqa: E402
 
 TICK = 0.5

@@ -29,7 +29,7 @@ from tests import realcgroups as rc
 from tests.containers import runtime
 from tests.containers.runtime import Podman
 from tests.daemon_proc import DaemonProcess
-from tests.gate.helpers import free_port
+from tests.ports import free_port
 
 BURN = ["sh", "-c", "while :; do :; done"]
 SLEEP = ["sleep", "3600"]

@@ -27,8 +27,9 @@ import pytest
 
 from tests.containers import runtime
 from tests.containers.runtime import Podman
-from tests.gate.helpers import Gate, free_port, running, wait_until
+from tests.gate.helpers import Gate, running, wait_until
 from tests.gate.test_gate_e2e import max_overlap
+from tests.ports import free_port
 
 GATED = Path(__file__).with_name("gated")
 

@@ -27,7 +27,8 @@ from tests import realcgroups as rc
 from tests.containers import runtime
 from tests.containers.runtime import Podman
 from tests.containers.test_discovery_podman import BURN, cores_used, host_hierarchy, kubepods_parent, pod_run
-from tests.gate.helpers import free_port, wait_until
+from tests.gate.helpers import wait_until
+from tests.ports import free_port
 
 KUBERNETES = runtime.REPO / "packaging" / "kubernetes"
 UNLIMITED = CpuMax(None)

@@ -13,13 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_listening(port: int, timeout: float = 10.0) -> None:

@@ -17,8 +17,9 @@ import pytest
 
 from tests.coordination.conftest import Broker
 from tests.coordination.harness import TIMINGS, CuttableProxy, WireAuditor, coordination_config
-from tests.gate.helpers import REPO, SLOW_SERVER, Gate, Session, free_port, wait_until
+from tests.gate.helpers import REPO, SLOW_SERVER, Gate, Session, wait_until
 from tests.gate.test_gate_e2e import max_overlap, read_records
+from tests.ports import free_port
 
 NODES = [f"node{i}" for i in range(10)]
 FIRST, CUT = NODES[0], NODES[5]  # CUT reaches the broker through a proxy the test can cut

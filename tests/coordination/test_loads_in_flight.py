@@ -17,7 +17,8 @@ import pytest
 
 from tests.coordination.conftest import Broker
 from tests.coordination.harness import CuttableProxy, coordination_config
-from tests.gate.helpers import Gate, free_port, output, wait_until
+from tests.gate.helpers import Gate, output, wait_until
+from tests.ports import free_port
 
 LOAD = str(Path(__file__).with_name("notify_load.py"))
 NODES = ["n0", "n1", "n2"]  # n0 is the seed (the bank); n2 reaches the broker through a proxy the test can cut

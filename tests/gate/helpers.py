@@ -23,11 +23,6 @@ SLOW_SERVER = str(Path(__file__).with_name("slow_server.py"))
 QUIET: dict[str, Any] = {"http": {"enabled": False}} if "http" in Settings.model_fields else {}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.gate.helpers import SLOW_SERVER, Gate, Session, free_port, output, running, wait_until
+from tests.gate.helpers import SLOW_SERVER, Gate, Session, output, running, wait_until
+from tests.ports import free_port
 
 SERVERS = 20
 # index -> the indices it depends on

@@ -26,9 +26,9 @@ from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import count_cpus
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
-from tests.gate.helpers import free_port
 from tests.integration.harness import SLOW, UNLIMITED, ShapedNode, kubelet_node
 from tests.integration.test_guard_e2e import node_cores
+from tests.ports import free_port
 
 POD_LIMIT = CpuMax(150000)  # 1.5 cores, at the pod and at its container
 GUARANTEED_LIMIT = CpuMax(50000)

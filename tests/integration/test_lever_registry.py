@@ -28,7 +28,8 @@ from nodeguard.policy.outcome import ADOPTED, QUOTA, WEIGHT
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
 from tests.integration.harness import SLOW
-from tests.integration.test_operating import free_port, metric_value
+from tests.integration.test_operating import metric_value
+from tests.ports import free_port
 
 REPO = Path(__file__).parents[2]
 

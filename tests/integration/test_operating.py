@@ -16,12 +16,7 @@ import pytest
 from nodeguard.surfaces.http import HttpServer
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.ports import free_port
 
 
 def get(url: str) -> tuple[int, str]:

@@ -23,8 +23,9 @@ from prometheus_client import CollectorRegistry
 from nodeguard.surfaces.http import MAX_CONNECTIONS, HttpServer
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
-from tests.gate.helpers import Session, free_port
+from tests.gate.helpers import Session
 from tests.integration.test_operating import get
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
-from tests.gate.helpers import free_port
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 POD_LIMIT = CpuMax(150000)

@@ -27,11 +27,12 @@ import pytest
 import yaml
 
 from tests import realcgroups as rc
-from tests.coordination.conftest import MOSQUITTO, Broker, free_port, wait_listening
+from tests.coordination.conftest import MOSQUITTO, Broker, wait_listening
 from tests.daemon_proc import DaemonProcess
 from tests.integration.harness import plain_node
 from tests.packaging.test_grafana_dashboard import METRIC_NAME, all_panels, dashboard
 from tests.packaging.test_prometheus_alerts import RULES
+from tests.ports import free_port
 from tests.workloads import start_duty_cycle
 
 PROMETHEUS = shutil.which("prometheus")
