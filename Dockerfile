@@ -13,7 +13,7 @@
 # BASE_IMAGE: a Python 3.11+ image whose `pip` installs into the system
 # interpreter (the public python images do). Where no registry is reachable,
 # build one locally and pass it: tests/containers/runtime.py makes one with
-# debootstrap (Debian's python3-pip, EXTERNALLY-MANAGED removed) and builds
+# mmdebstrap (Debian's python3-pip, EXTERNALLY-MANAGED removed) and builds
 # this file on it with `podman build --build-arg BASE_IMAGE=...`.
 ARG BASE_IMAGE=python:3.11-slim
 

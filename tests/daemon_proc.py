@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -24,6 +25,17 @@ class DaemonProcess:
         self.argv = ["--log-level", "debug", "run", "--config", str(self.config_path), *extra]  # nodeguard's own
         self.wrapper = list(wrapper)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._events: list[dict[str, Any]] = []
+        self._parsed_bytes = 0
+
+    def successor(self) -> DaemonProcess:
+        """Another daemon with this one's config, arguments and wrapper, logging to a file of its own."""
+        other = copy.copy(self)
+        other.log_path = self.workdir / f"daemon-{time.monotonic_ns()}.log"
+        other.proc = None
+        other._events = []
+        other._parsed_bytes = 0
+        return other
 
     @property
     def args(self) -> list[str]:
@@ -37,13 +49,18 @@ class DaemonProcess:
         return self
 
     def events(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log_path.read_text().splitlines():
+        """Every complete line of the log so far, parsed; each line is parsed once, however often tests poll."""
+        with self.log_path.open("rb") as log:
+            log.seek(self._parsed_bytes)
+            new = log.read()
+        complete = new[: new.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self._parsed_bytes += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
             try:
-                found.append(json.loads(line))
+                self._events.append(json.loads(line))
             except ValueError:
-                found.append({"event": "<unparsed>", "line": line})
-        return found
+                self._events.append({"event": "<unparsed>", "line": line})
+        return list(self._events)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> float:
         """Seconds until ``predicate`` held; fails with the daemon's log otherwise."""

@@ -47,7 +47,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 # Bumped when a recipe below changes what it builds.
 BUSYBOX_RECIPE = 1
-BASE_RECIPE = 1
+BASE_RECIPE = 2
 BASE_PACKAGES = ("python3-pip",)
 
 
@@ -276,11 +276,11 @@ def os_codename() -> str:
         key, _, value = line.partition("=")
         if key == "VERSION_CODENAME" and value.strip('"'):
             return value.strip('"')
-    pytest.fail("/etc/os-release names no VERSION_CODENAME: the local base image is built with debootstrap for it")
+    pytest.fail("/etc/os-release names no VERSION_CODENAME: the local base image is built with mmdebstrap for it")
 
 
 def debian_mirror(codename: str) -> str | None:
-    """The Debian mirror this machine's apt uses for its own release (None: debootstrap's default)."""
+    """The Debian mirror this machine's apt uses for its own release (None: mmdebstrap's default)."""
     listed = subprocess.run(
         ["apt-get", "indextargets", "--format", "$(SITE) $(RELEASE) $(COMPONENT)", "Created-By: Packages"],
         capture_output=True,
@@ -294,7 +294,7 @@ def debian_mirror(codename: str) -> str | None:
 
 
 def debian_base_image(podman: Podman) -> str:
-    """A minimal Debian of this host's release with python3 and pip, made with debootstrap: the image's base here.
+    """A minimal Debian of this host's release with python3 and pip, made with mmdebstrap: the image's base here.
 
     It stands in for the public ``python:3.11-slim`` (no registry is reachable):
     like that image, pip installs into ``/usr/local`` (Debian's
@@ -305,18 +305,18 @@ def debian_base_image(podman: Podman) -> str:
     tag = f"localhost/nodeguard-test-base:{codename}-{key}"
     if podman.image_exists(tag):
         return tag
-    require("debootstrap")
+    require("mmdebstrap")  # debootstrap took 50 s for this image, mmdebstrap 29 s (import included)
     CACHE.mkdir(exist_ok=True)
     building = Path(tempfile.mkdtemp(dir=CACHE, prefix=".base-"))
     log = building.with_suffix(".log")
     try:
         root = building / "root"
         mirror = debian_mirror(codename)
-        args = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", codename, str(root)]
+        args = ["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", codename, str(root)]
         with log.open("w") as out:
             done = subprocess.run([*args, *([mirror] if mirror else [])], stdout=out, stderr=subprocess.STDOUT, timeout=900)
         if done.returncode != 0:
-            pytest.fail(f"debootstrap failed ({done.returncode}):\n{log.read_text()[-3000:]}")
+            pytest.fail(f"mmdebstrap failed ({done.returncode}):\n{log.read_text()[-3000:]}")
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale"):
             for child in (root / junk).glob("*"):
                 if child.is_dir() and not child.is_symlink():

@@ -1,7 +1,7 @@
 """nodeguard's image, built from the Dockerfile with podman and run the way the DaemonSet runs it.
 
 The image is built on a local base (a minimal Debian of this host's release
-with python3-pip, made with debootstrap: no registry is reachable here) passed
+with python3-pip, made with mmdebstrap: no registry is reachable here) passed
 as ``--build-arg BASE_IMAGE``. The container's options come from
 ``packaging/kubernetes/daemonset.yaml`` (privileged, host PID namespace, root,
 read-only root file system, its environment, every volume mount at its

@@ -143,10 +143,7 @@ def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: ShapedN
         assert entry.original == UNLIMITED.render_v2()
 
     node.stop_burners()
-    restarted = DaemonProcess.__new__(DaemonProcess)
-    restarted.__dict__.update(daemon.__dict__)
-    restarted.log_path = daemon.workdir / "restarted.log"
-    restarted.start()
+    restarted = daemon.successor().start()
     restarted.wait_for(lambda: not node.throttled(), 10 * SLOW, "restore on start")
     restarted.signal(signal.SIGTERM)
     assert restarted.wait() == 0
