@@ -81,9 +81,13 @@ def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
 
 
 def restart(node: ShapedNode, ledger: Path, tmp_path: Path, on_start: str) -> DaemonProcess:
-    """The next daemon on the crashed one's ledger (a short weight hold), in its own directory."""
+    """The next daemon on the crashed one's ledger (a short weight hold), in its own directory.
+
+    It puts a limit back in one step, not 50 % at a time: what these tests check is that everything comes back,
+    not the pace (tests/policy/test_planner.py's), which took six pods 15 s of the VM's time.
+    """
     (tmp_path / "second").mkdir()
-    config = protect_config(node, ledger, weightHoldSeconds=HOLD)
+    config = protect_config(node, ledger, weightHoldSeconds=HOLD, restoreStepPercent=100)
     config["global"]["actuation"]["onStart"] = on_start
     return DaemonProcess(config, tmp_path / "second").start()
 
