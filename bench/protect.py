@@ -19,7 +19,7 @@ Strategies, each on fresh cgroups, measured after a warm-up:
 
 - none: nothing acts;
 - node_waterline: the real daemon holding node CPU (cpu_total_utilization) at 70 %;
-- tier_suppress: koordlet's BE suppression: each 0.5 s tick one quota on each
+- tier_suppress: koordlet's BE suppression: every 0.5 s one quota on each
   candidate tier (kubepods/besteffort, kubepods/burstable) so that the tiers
   together get node x 70 % - the protected pod's usage;
 - protect: the real daemon with a ``protected_cpu_stall`` objective (skipped,
@@ -29,6 +29,8 @@ Strategies, each on fresh cgroups, measured after a warm-up:
   back while they ran) must be 0;
 - static_lever: the lever protect pulls (the batch tiers' weight at the least:
   v1 ``cpu.shares`` 2, v2 ``cpu.idle``) held with no daemon running.
+
+The daemons tick at ``--tick`` seconds, by default the daemon's own default (1 s).
 
 Per scenario, ``daemon_tail_ratio`` is protect's p99 over static_lever's: what
 the running daemon and its loop add to the tail beyond the lever itself
@@ -86,7 +88,8 @@ from tests.daemon_proc import DaemonProcess  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 from tests.workloads import CPU_UNITS, p99, p99_windows, probe_iterations, probe_lateness, start_probe  # noqa: E402
 
-TICK = 0.5
+TICK = 0.5  # tier_suppress's loop (koordlet's suppression interval)
+DAEMON_TICK = 1.0  # the daemon's tickSeconds: its default (--tick)
 WATERLINE_PCT = 70.0
 PROTECTED_MILLI = 500
 PROTECTED_LIMIT = CpuMax(50000, 100000)
@@ -279,13 +282,13 @@ def figures(window: Window, alone_p99: float) -> dict[str, Any]:
 
 
 def daemon_config(
-    node: Node, objective: dict[str, Any], workdir: Path, listen: str, **guard: Any
+    node: Node, objective: dict[str, Any], workdir: Path, listen: str, tick: float, **guard: Any
 ) -> dict[str, Any]:
     """The e2e's config shape: discovery finds the pods under this run's kubepods."""
     version = node.hierarchy.version
     root = rc.v2_mount() if version == "v2" else rc.CGROUP_ROOT
     return {"global": {
-        "sensing": {"cgroupRoot": str(root), "cgroupVersion": version, "tickSeconds": TICK,
+        "sensing": {"cgroupRoot": str(root), "cgroupVersion": version, "tickSeconds": tick,
                     "kubepodsPaths": [f"{node.parent}/kubepods"]},
         "guard": {"objectives": [objective], "candidates": {"classes": ["BestEffort", "Burstable"]}, **guard},
         "actuation": {"ledgerPath": str(workdir / "run/ledger.json")},
@@ -314,8 +317,8 @@ class Acting:
 
 
 @contextlib.contextmanager
-def run_daemon(node: Node, objective: dict[str, Any], workdir: Path, **guard: Any) -> Iterator[Acting]:
-    config = daemon_config(node, objective, workdir, f"127.0.0.1:{free_port()}", **guard)
+def run_daemon(node: Node, objective: dict[str, Any], workdir: Path, tick: float, **guard: Any) -> Iterator[Acting]:
+    config = daemon_config(node, objective, workdir, f"127.0.0.1:{free_port()}", tick, **guard)
     reason = refused(config, workdir)
     if reason:
         raise Skipped(reason)
@@ -421,15 +424,16 @@ def nothing(node: Node, workdir: Path) -> Iterator[Acting]:
     yield Acting()
 
 
-STRATEGIES: dict[str, Callable[[Node, Path], contextlib.AbstractContextManager[Acting]]] = {
-    "none": nothing,
-    "node_waterline": lambda node, workdir: run_daemon(node, WATERLINE_OBJECTIVE, workdir),
-    "tier_suppress": tier_suppress,
-    "protect": lambda node, workdir: run_daemon(node, PROTECT_OBJECTIVE, workdir),
+# Each strategy on (node, working directory, the daemon's tick in seconds).
+STRATEGIES: dict[str, Callable[[Node, Path, float], contextlib.AbstractContextManager[Acting]]] = {
+    "none": lambda node, workdir, tick: nothing(node, workdir),
+    "node_waterline": lambda node, workdir, tick: run_daemon(node, WATERLINE_OBJECTIVE, workdir, tick),
+    "tier_suppress": lambda node, workdir, tick: tier_suppress(node, workdir),
+    "protect": lambda node, workdir, tick: run_daemon(node, PROTECT_OBJECTIVE, workdir, tick),
     # protect with a hold far shorter than the run: the weights must stay down while the burners run.
-    "hold": lambda node, workdir: run_daemon(node, PROTECT_OBJECTIVE, workdir, weightHoldSeconds=HOLD_S),
+    "hold": lambda node, workdir, tick: run_daemon(node, PROTECT_OBJECTIVE, workdir, tick, weightHoldSeconds=HOLD_S),
     # The lever protect uses (the batch tiers' weight at the least), held with no daemon: protect's tail baseline.
-    "static_lever": lambda node, workdir: static_lever(node),
+    "static_lever": lambda node, workdir, tick: static_lever(node),
 }
 
 
@@ -538,6 +542,7 @@ class Bench:
     iterations: int = 0
     alone_p99: float = 0.0
     paired: bool = False  # each strategy's ratio against an alone run just before it
+    tick: float = DAEMON_TICK  # the daemons' tickSeconds
     runs: int = 0
 
     def probe_file(self) -> Path:
@@ -590,7 +595,7 @@ class Bench:
             node.start_burners()
             time.sleep(1.0)  # the burners reach their share before anything acts
             try:
-                with STRATEGIES[name](node, Path(tmp)) as acting:
+                with STRATEGIES[name](node, Path(tmp), self.tick) as acting:
                     window = measure(node, self.probe_file(), self.iterations, self.warmup, self.seconds)
             except Skipped as why:
                 return {"skipped": str(why)}
@@ -633,6 +638,8 @@ def main() -> int:
                         "2 vCPUs, Python 15-25x slower under emulation) instead of on this host's cgroup v1")
     parser.add_argument("--paired", action="store_true",
                         help="each strategy's ratio against an alone run just before it (always so in the VM)")
+    parser.add_argument("--tick", type=float, default=DAEMON_TICK,
+                        help="the daemon's tickSeconds (default: the daemon's own default, 1 s)")
     parser.add_argument("--in-vm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.vm:
@@ -668,10 +675,11 @@ def run(args: argparse.Namespace, hierarchy: rc.Hierarchy) -> dict[str, Any]:
     scenarios = args.scenario or list(SCENARIOS)
     with tempfile.TemporaryDirectory(prefix="ngprotect-") as tmp:
         bench = Bench(hierarchy, os.cpu_count() or 1, Path(tmp), warmup, seconds,
-                      0 if args.fixed_work else CPU_UNITS, paired=args.paired or args.in_vm)  # fmt: skip
+                      0 if args.fixed_work else CPU_UNITS, paired=args.paired or args.in_vm, tick=args.tick)  # fmt: skip
         result: dict[str, Any] = bench.alone()
         print(f"alone: {json.dumps(result)}  load={load()}", flush=True)
         result["cgroup"] = hierarchy.version
+        result["daemon_tick_s"] = bench.tick
         result["load_before"] = load()
         result["scenarios"] = {}
         for scenario in scenarios:
@@ -702,6 +710,7 @@ def run_vm(args: argparse.Namespace) -> int:
     argv += ["--warmup", str(args.warmup)] if args.warmup is not None else []
     argv += [f"--scenario={s}" for s in args.scenario or []] + [f"--strategy={s}" for s in args.strategy or []]
     argv += ["--fixed-work"] if args.fixed_work else []
+    argv += ["--tick", str(args.tick)]
     argv += ["--levers", *[f"--lever={lv}" for lv in args.lever or []]] if args.levers else []
     runs = 2 * len(args.scenario or SCENARIOS) * len(args.strategy or STRATEGIES) + 2  # each strategy paired  # + alone at start and end
     # Generous: each run's window and warm-up, plus the emulated daemon's start, check-config and exit.

@@ -53,7 +53,8 @@ class DaemonProcess:
         with self.log_path.open("rb") as log:
             log.seek(self._parsed_bytes)
             new = log.read()
-        complete = new[: new.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        exited = self.proc is not None and self.proc.poll() is not None
+        complete = new if exited else new[: new.rfind(b"\n") + 1]  # a line still being written waits
         self._parsed_bytes += len(complete)
         for line in complete.decode(errors="replace").splitlines():
             try:

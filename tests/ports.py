@@ -19,14 +19,17 @@ def _ephemeral_low() -> int:
 def free_port() -> int:
     """A port free now, below the kernel's ephemeral range, not handed out before in this run.
 
-    A port the kernel picked for bind(0) lies in the ephemeral range, where any outgoing connection
-    (a daemon's MQTT client, say) may take it before the server the test starts binds it: ten daemons
-    starting side by side lost that race once in CI. Ports below the range are only ever bound on purpose.
+    bind(0) hands out a port of the ephemeral range, which nothing reserves once its socket closes: a later
+    bind(0) may hand it out again, and any outgoing connection (a daemon's MQTT client, say) may take it before
+    the server the test starts binds it. Ten daemons starting side by side found one HTTP port taken once in CI.
+    Ports below the range are bound only on purpose.
     """
-    low = min(_ephemeral_low(), 65536)
+    high = _ephemeral_low()
+    if high <= 11000:  # a range reaching that low leaves no room below it: any port, then
+        high = 65536
     rng = random.SystemRandom()
     for _ in range(1000):
-        port = rng.randrange(10000, low if low > 11000 else 65536)
+        port = rng.randrange(10000, high)
         if port in _handed_out:
             continue
         with socket.socket() as sock:
