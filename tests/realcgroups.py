@@ -21,6 +21,7 @@ from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max, shares_to
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 BUSY_LOOP = "while True: pass"
+SHELL_BUSY_LOOP = "while :; do :; done"
 # Prepended to a process's code when its start is awaited (wait_started): one byte on its stdout once its
 # interpreter is up, just before its loop. Under emulation an interpreter takes about a second to start.
 ANNOUNCE = "import os; os.write(1, b'.')\n"
@@ -134,6 +135,16 @@ def wait_started(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
         ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
         assert ready, f"process {proc.pid} not started within {timeout:g} s"
         assert os.read(proc.stdout.fileno(), 1) == b".", f"process {proc.pid} exited with {proc.wait()}"
+
+
+def start_shell_busy(*groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
+    """A shell loop burning CPU from its first millisecond, placed in every given group; ``announce``: one byte
+    on its stdout, as ANNOUNCE. Six burners started at once need no six interpreters: seconds of the emulated VM."""
+    script = f"printf .; {SHELL_BUSY_LOOP}" if announce else SHELL_BUSY_LOOP
+    proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE if announce else None)
+    for group in groups:
+        (group / "cgroup.procs").write_text(str(proc.pid))
+    return proc
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:

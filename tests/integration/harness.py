@@ -73,14 +73,19 @@ class ShapedNode:
 
         Returns once every one of them runs its loop (in the emulated VM their interpreters take seconds to start).
         """
-        started = [start_duty_cycle(important_share, *self.hierarchy.dirs(self.important.inner), announce=True)]
+        important = start_duty_cycle(important_share, *self.hierarchy.dirs(self.important.inner), announce=True)
+        self.procs.append(important)
+        awaited = [important]
+        if burner_shares is None:  # its interpreter up first, before six shell loops take the CPUs
+            rc.wait_started(awaited, 30 * SLOW)
+            awaited = []
         for i, pod in enumerate(self.burners[:burners]):
             if burner_shares is None:
-                started.append(pod.start_busy(announce=True))
+                awaited.append(rc.start_shell_busy(*self.hierarchy.dirs(pod.inner), announce=True))
             else:
-                started.append(start_duty_cycle(burner_shares[i], *self.hierarchy.dirs(pod.inner), announce=True))
-        self.procs += started
-        rc.wait_started(started, 30 * SLOW)
+                awaited.append(start_duty_cycle(burner_shares[i], *self.hierarchy.dirs(pod.inner), announce=True))
+        self.procs += [proc for proc in awaited if proc is not important]
+        rc.wait_started(awaited, 30 * SLOW)
 
     def stop_burners(self) -> None:
         for proc in self.procs[1:]:
