@@ -217,6 +217,10 @@ async def run_gated(args: argparse.Namespace, command: list[str]) -> int:
     exited = loop.create_task(child.wait())
     if follower is not None:
         await asyncio.wait({follower, exited}, return_when=asyncio.FIRST_COMPLETED)
+        if not follower.done() and notified is not None and notified.is_set():
+            # READY=1 came, then the command ended before the daemon answered (it may be restarting): the daemon
+            # hears of the readiness, within the patience, before the slot is released.
+            await asyncio.wait({follower}, timeout=session.patience)
         ended = follower.result() if follower.done() and not follower.cancelled() else None
         if ended is not None and ended["state"] == "failed" and not exited.done() and not args.keep_on_failure:
             # A start that failed (never ready, or its cluster slot taken back) must not go on starting.
