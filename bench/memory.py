@@ -130,10 +130,6 @@ time.sleep(3600)
 """
 
 
-def in_vm() -> bool:
-    return os.environ.get("NODEGUARD_IN_VM") == "1"
-
-
 def node_memory() -> tuple[int, int]:
     """(total, in use) bytes: MemTotal and MemTotal - MemAvailable."""
     fields = {k: int(v.split()[0]) * 1024 for k, v in

@@ -85,6 +85,7 @@ sys.path.insert(0, str(REPO))
 from nodeguard.model.samples import CpuMax  # noqa: E402
 from tests import realcgroups as rc  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
+from tests.kernel.vm import IN_VM  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 from tests.workloads import CPU_UNITS, p99, p99_windows, probe_iterations, probe_lateness, start_probe  # noqa: E402
 
@@ -107,10 +108,6 @@ WATERLINE_OBJECTIVE = {"metric": "cpu_total_utilization", "action": "throttle", 
 def milli_to_shares(milli: int) -> int:
     """kubelet's MilliCPUToShares: a request in millicores as cpu.shares (at least 2)."""
     return max(2, milli * 1024 // 1000)
-
-
-def in_vm() -> bool:
-    return os.environ.get("NODEGUARD_IN_VM") == "1"
 
 
 # Per scenario: the burners as (tier, request in millicores; 0 = BestEffort).
@@ -325,7 +322,7 @@ def run_daemon(node: Node, objective: dict[str, Any], workdir: Path, tick: float
     daemon = DaemonProcess(config, workdir).start()
     acting = Acting()
     try:
-        if in_vm():
+        if IN_VM:
             # Under emulation the daemon takes many seconds to import and start: the warm-up begins at its first
             # tick, not while it is still starting.
             started = daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 600,
@@ -348,7 +345,7 @@ def run_daemon(node: Node, objective: dict[str, Any], workdir: Path, tick: float
             if restores:
                 acting.extra["restore_reasons"] = sorted({str(e.get("reason")) for e in restores})
         daemon.signal(signal.SIGTERM)
-        acting.extra["daemon_exit"] = daemon.wait(120 if in_vm() else 15)
+        acting.extra["daemon_exit"] = daemon.wait(120 if IN_VM else 15)
     finally:
         daemon.kill()
 

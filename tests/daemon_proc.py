@@ -21,9 +21,13 @@ class DaemonProcess:
         self.workdir = workdir
         self.config_path = workdir / "nodeguard.json"
         self.config_path.write_text(json.dumps(config))
-        self.log_path = workdir / f"daemon-{time.monotonic_ns()}.log"
         self.argv = ["--log-level", "debug", "run", "--config", str(self.config_path), *extra]  # nodeguard's own
         self.wrapper = list(wrapper)
+        self._unstarted()
+
+    def _unstarted(self) -> None:
+        """No process yet, and a log file of its own."""
+        self.log_path = self.workdir / f"daemon-{time.monotonic_ns()}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self._events: list[dict[str, Any]] = []
         self._parsed_bytes = 0
@@ -31,10 +35,7 @@ class DaemonProcess:
     def successor(self) -> DaemonProcess:
         """Another daemon with this one's config, arguments and wrapper, logging to a file of its own."""
         other = copy.copy(self)
-        other.log_path = self.workdir / f"daemon-{time.monotonic_ns()}.log"
-        other.proc = None
-        other._events = []
-        other._parsed_bytes = 0
+        other._unstarted()
         return other
 
     @property

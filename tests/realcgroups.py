@@ -115,10 +115,8 @@ def cgroups(*paths: Path) -> Iterator[list[Path]]:
 def start_in(groups: tuple[Path, ...], code: str, *args: str, announce: bool = False) -> subprocess.Popen[bytes]:
     """``python -c code args`` placed in every given group (one per hierarchy); ``announce``: see ANNOUNCE."""
     code = ANNOUNCE + code if announce else code
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE if announce else None)
-    for group in groups:
-        (group / "cgroup.procs").write_text(str(proc.pid))
-    return proc
+    return _placed(subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE if announce else None),
+                   groups)  # fmt: skip
 
 
 def start_busy(*groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
@@ -141,7 +139,11 @@ def start_shell_busy(*groups: Path, announce: bool = False) -> subprocess.Popen[
     """A shell loop burning CPU from its first millisecond, placed in every given group; ``announce``: one byte
     on its stdout, as ANNOUNCE. Six burners started at once need no six interpreters: seconds of the emulated VM."""
     script = f"printf .; {SHELL_BUSY_LOOP}" if announce else SHELL_BUSY_LOOP
-    proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE if announce else None)
+    return _placed(subprocess.Popen(["/bin/sh", "-c", script], stdout=subprocess.PIPE if announce else None), groups)
+
+
+def _placed(proc: subprocess.Popen[bytes], groups: tuple[Path, ...]) -> subprocess.Popen[bytes]:
+    """``proc`` moved into every given group."""
     for group in groups:
         (group / "cgroup.procs").write_text(str(proc.pid))
     return proc

@@ -75,16 +75,16 @@ class ShapedNode:
         """
         important = start_duty_cycle(important_share, *self.hierarchy.dirs(self.important.inner), announce=True)
         self.procs.append(important)
-        awaited = [important]
-        if burner_shares is None:  # its interpreter up first, before six shell loops take the CPUs
-            rc.wait_started(awaited, 30 * SLOW)
-            awaited = []
-        for i, pod in enumerate(self.burners[:burners]):
-            if burner_shares is None:
-                awaited.append(rc.start_shell_busy(*self.hierarchy.dirs(pod.inner), announce=True))
-            else:
-                awaited.append(start_duty_cycle(burner_shares[i], *self.hierarchy.dirs(pod.inner), announce=True))
-        self.procs += [proc for proc in awaited if proc is not important]
+        pods = self.burners[:burners]
+        if burner_shares is None:
+            rc.wait_started([important], 30 * SLOW)  # its interpreter up first, before six shell loops take the CPUs
+            started = [rc.start_shell_busy(*self.hierarchy.dirs(pod.inner), announce=True) for pod in pods]
+            awaited = started
+        else:
+            started = [start_duty_cycle(burner_shares[i], *self.hierarchy.dirs(pod.inner), announce=True)
+                       for i, pod in enumerate(pods)]  # fmt: skip
+            awaited = [important, *started]
+        self.procs += started
         rc.wait_started(awaited, 30 * SLOW)
 
     def stop_burners(self) -> None:

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests import realcgroups as rc
-from tests.kernel.vm import IN_VM
-
-SLOW = 8.0 if IN_VM else 1.0
+from tests.integration.harness import SLOW
 
 
 def leftovers() -> list[Path]:
