@@ -43,6 +43,7 @@ from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
 from nodeguard.sd_notify import Notifier
 from nodeguard.sources.sensor import Sensor
+from nodeguard.tick_schedule import next_tick
 
 if TYPE_CHECKING:  # features that are off are not imported (the Kubernetes client's httpx, the MQTT client)
     from nodeguard.kubernetes.integration import Kubernetes
@@ -370,20 +371,17 @@ class Daemon:
         return f"no successful tick for {age:.0f}s" if age > stale else None
 
     async def _tick_loop(self) -> None:
-        next_tick = time.monotonic()
+        grid = time.monotonic()
         while not self.stopping.is_set():
             try:
                 self.tick()
             except Exception as exc:  # a bug in one tick must not take the node's guard down
                 self.stats.errors += 1
                 log.error("tick failed", error=str(exc), exc_info=True)
-            period = self.settings.sensing.tick_seconds
-            next_tick += period
             now = time.monotonic()
-            if next_tick < now:  # overran: skip the missed ticks rather than bunch them
-                next_tick = now + period
+            grid, due = next_tick(grid, now, self.settings.sensing.tick_seconds)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), timeout=next_tick - now)
+                await asyncio.wait_for(self.stopping.wait(), timeout=due - now)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         assert self._group is not None
