@@ -39,7 +39,8 @@ MEANINGS = {
     "nodeSelector.matchExpressions[].values": "the values `In` and `NotIn` compare with",
     "sensing": "where and how often nodeguard reads the node",
     "sensing.cgroupVersion": "the cgroup hierarchy to read and write; `auto` detects it",
-    "sensing.tickSeconds": "one tick (sense, plan, act, record) every this long",
+    "sensing.tickSeconds": "one tick (sense, plan, act, record) every this long: on a fixed grid, each tick up to 10 % "
+    "of a period late at random, so that the ticks do not land on the same phase of a periodic workload every time",
     "workloads": "which cgroups are workloads on a plain host",
     "workloads.groups": "cgroups that are workloads, with their class, priority and protection",
     "workloads.groups[].class": "the QoS class the group is ranked as",
