@@ -449,19 +449,18 @@ def static_lever(node: Node) -> Iterator[Acting]:
 def daemon_tail(windows: dict[str, list[Window]]) -> dict[str, Any]:
     """protect's p99 over the same lever's held statically, each side's windows pooled, or why not: a run whose
     probe its own limit held is reported as such, not compared."""
-    protect, static = windows.get("protect", []), windows.get("static_lever", [])
-    each = {f"{name}_p99_ms": [None if (w := p99(window.lateness_ms)) is None else round(w, 2) for window in side]
-            for name, side in (("protect", protect), ("static_lever", static))}  # fmt: skip
-    pooled = [p99([u for window in side for u in window.lateness_ms]) for side in (protect, static)]
-    if pooled[0] is None or not pooled[1]:
+    sides = {name: windows.get(name, []) for name in ("protect", "static_lever")}
+    each = {f"{name}_p99_ms": [round(w, 2) if (w := p99(window.lateness_ms)) is not None else None for window in side]
+            for name, side in sides.items()}  # fmt: skip
+    pooled = {name: p99([u for window in side for u in window.lateness_ms]) for name, side in sides.items()}
+    if not pooled["protect"] or not pooled["static_lever"]:
         return {"daemon_tail_ratio": None, "daemon_tail_note": "protect or static_lever not run"}
-    held = [f"{name} {window.protected_throttled_ms} ms"
-            for name, side in (("protect", protect), ("static_lever", static)) for window in side
+    held = [f"{name} {window.protected_throttled_ms} ms" for name, side in sides.items() for window in side
             if window.protected_throttled_ms >= SELF_THROTTLED_MS]  # fmt: skip
     if held:
         return {"daemon_tail_ratio": None, "daemon_tail_note": f"probe throttled by its own limit: {', '.join(held)}",
                 "daemon_tail_windows": each}  # fmt: skip
-    return {"daemon_tail_ratio": round(pooled[0] / pooled[1], 2), "daemon_tail_windows": each}
+    return {"daemon_tail_ratio": round(pooled["protect"] / pooled["static_lever"], 2), "daemon_tail_windows": each}
 
 
 # --- levers: static settings on the burner pods --------------------------------------------------------
@@ -704,7 +703,8 @@ def run(args: argparse.Namespace, hierarchy: rc.Hierarchy) -> dict[str, Any]:
                 per[name] = bench.strategy(scenario, name)
                 print(f"{scenario:16} {name:15} {json.dumps(per[name])}  load={load()}", flush=True)
             pair = [name for name in ("protect", "static_lever") if name in names]
-            for again in range(2, args.tail_pairs + 1 if len(pair) == 2 else 0):
+            repeats = args.tail_pairs - 1 if len(pair) == 2 else 0  # the first of each was measured above
+            for again in range(2, 2 + repeats):
                 for name in pair:
                     found = bench.strategy(scenario, name)
                     print(f"{scenario:16} {f'{name} #{again}':15} {json.dumps(found)}  load={load()}", flush=True)
