@@ -57,7 +57,9 @@ emulated VM's speed drifts up to 2x within minutes),
 worst_15s_p99_ratio (the worst p99 of any 15 s stretch of the window, 5 s apart),
 node_busy_pct (/proc/stat over the window), batch_cores (v1: cpuacct.usage,
 v2: cpu.stat usage_usec of the batch tiers over the window), the protected
-pod's own throttled time (v1 cpu.stat throttled_time, v2 throttled_usec) and,
+pod's own throttled time (v1 cpu.stat throttled_time, v2 throttled_usec), steal_ms
+(/proc/stat steal over the window, all CPUs: time a hypervisor ran none of the
+node's work, which no strategy can help) and,
 for protect, ticks_to_target. The last line is one JSON object.
 
 ``--levers`` (v1 on the host, v2 with ``--vm``) instead measures static settings on the burner pods: per-pod
@@ -214,11 +216,12 @@ def kubelet_node(scenario: str, hierarchy: rc.Hierarchy, cpus: int) -> Iterator[
                     rc.stop(proc)
 
 
-def cpu_times() -> tuple[int, int]:
-    """(busy, total) jiffies of the node from /proc/stat (idle and iowait count as not busy)."""
+def cpu_times() -> tuple[int, int, int]:
+    """(busy, total, steal) jiffies of the node from /proc/stat (idle and iowait count as not busy; steal is time a
+    hypervisor ran none of this machine's CPUs' work, which no strategy here can help)."""
     fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     total = sum(fields[:8])  # guest time is already counted in user
-    return total - fields[3] - fields[4], total
+    return total - fields[3] - fields[4], total, fields[7]
 
 
 @dataclass
@@ -232,6 +235,7 @@ class Window:
     probe_text: str = ""
     since_us: int = 0
     until_us: int = 0
+    steal_ms: int = 0  # summed over the node's CPUs
 
     def p99_per(self, span: float, step: float) -> list[float]:
         """The p99 lateness of every ``span``-second sub-window, ``step`` seconds apart."""
@@ -244,10 +248,10 @@ def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds
     try:
         time.sleep(warmup)
         tiers = node.batch_tiers()
-        since, (busy0, total0), usage0 = time.monotonic(), cpu_times(), node.usage_ns(tiers)
+        since, (busy0, total0, steal0), usage0 = time.monotonic(), cpu_times(), node.usage_ns(tiers)
         throttled0, pressure0 = node.throttled_ns(), node.pressure_ns()
         time.sleep(seconds)
-        until, (busy1, total1), usage1 = time.monotonic(), cpu_times(), node.usage_ns(tiers)
+        until, (busy1, total1, steal1), usage1 = time.monotonic(), cpu_times(), node.usage_ns(tiers)
         throttled1, pressure1 = node.throttled_ns(), node.pressure_ns()
     finally:
         probe.send_signal(signal.SIGTERM)
@@ -266,6 +270,7 @@ def measure(node: Node, probe_out: Path, iterations: int, warmup: float, seconds
         None if pressure0 is None or pressure1 is None
         else round(100 * max(0, pressure1 - pressure0 - (throttled1 - throttled0)) / 1e9 / (until - since), 2),
         text, round(since * 1e6), round(until * 1e6),
+        round((steal1 - steal0) * 1000 / os.sysconf("SC_CLK_TCK")),
     )  # fmt: skip
 
 
@@ -280,6 +285,7 @@ def figures(window: Window, alone_p99: float) -> dict[str, Any]:
         "node_busy_pct": window.node_busy_pct,
         "batch_cores": window.batch_cores,
         "protected_throttled_ms": window.protected_throttled_ms,  # its own quota, which no strategy can fix
+        "steal_ms": window.steal_ms,
         **({} if window.protected_stall_pct is None else {"protected_stall_pct": window.protected_stall_pct}),
     }
 
