@@ -93,6 +93,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from nodeguard.model.samples import CpuMax  # noqa: E402
+from nodeguard.sources.procfs import parse_proc_stat_cpu  # noqa: E402
 from tests import realcgroups as rc  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
 from tests.kernel.vm import IN_VM  # noqa: E402
@@ -217,11 +218,12 @@ def kubelet_node(scenario: str, hierarchy: rc.Hierarchy, cpus: int) -> Iterator[
 
 
 def cpu_times() -> tuple[int, int, int]:
-    """(busy, total, steal) jiffies of the node from /proc/stat (idle and iowait count as not busy; steal is time a
-    hypervisor ran none of this machine's CPUs' work, which no strategy here can help)."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    total = sum(fields[:8])  # guest time is already counted in user
-    return total - fields[3] - fields[4], total, fields[7]
+    """(busy, total, steal) jiffies of the node from /proc/stat, as the sensor reads them (idle and iowait count as
+    not busy; steal is time a hypervisor ran none of this machine's CPUs' work, which no strategy here can help)."""
+    text = Path("/proc/stat").read_text()
+    cpu = parse_proc_stat_cpu(text)
+    steal = int(text.split(maxsplit=9)[8])  # the aggregate line comes first: "cpu" and then its fields
+    return cpu.total - cpu.idle, cpu.total, steal
 
 
 @dataclass
