@@ -24,21 +24,21 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
 from nodeguard.actuators.changes import Done
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Executor
-from nodeguard.actuators.ledger import Ledger
-from nodeguard.actuators.levers.memory_high import MemoryHighLever
+from nodeguard.actuators.ledger import Ledger, LeverRecord
+from nodeguard.actuators.levers.base import Lever
 from nodeguard.actuators.node_lock import hold_node
 from nodeguard.config import Document, Settings, load_document
 from nodeguard.coordination.switch import coordination_service
 from nodeguard.early_signals import EARLY, STOPS
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.switch import gate_service
+from nodeguard.guard_tick import sense, settle
 from nodeguard.log import get_logger, log_loop_error
-from nodeguard.model.samples import CpuMax
+from nodeguard.model.levers import MEMORY_HIGH
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.node_identity import node_name
-from nodeguard.policy import outcome, planner
+from nodeguard.policy import outcome
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
-from nodeguard.policy.outcome import HoldTimes
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
 from nodeguard.sd_notify import Notifier
@@ -81,16 +81,6 @@ def effective(settings: Settings, dry_run: bool) -> Settings:
             "guard": settings.guard.model_copy(update={"dry_run": True}),
         }
     )
-
-
-# Plans of one tick: each pass after the first leaves out the workloads whose
-# writes the kernel refused; the next tick goes on from there.
-MAX_PASSES = 8
-
-
-def hold_times(settings: Settings) -> HoldTimes:
-    seconds = settings.guard.failed_write_backoff_seconds
-    return HoldTimes(seconds, 20 * seconds)
 
 
 def memory_objectives(settings: Settings) -> bool:
@@ -150,7 +140,9 @@ class DaemonView:
     gate: dict[str, Any]
     coordination: dict[str, Any]
     held: Mapping[str, int]  # groups held back, by lever (every registered lever)
-    failed_restores: int = 0  # of failed_actions: restores (quota raised or put back, weight put back) refused
+    levers: Mapping[str, Lever] = field(default_factory=dict)  # the levers this hierarchy has, by name
+    records: Mapping[str, Mapping[str, LeverRecord]] = field(default_factory=dict)  # the ledger's, by lever, group
+    failed_restores: int = 0  # of failed_actions: give-backs the kernel refused
 
 
 @dataclass
@@ -202,7 +194,6 @@ class Daemon:
             self._lock.enter_context(hold_node(self.writer.root, self.settings.sensing.proc_root))
         self.ledger = Ledger.load(actuation.ledger_path)
         self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn)
-        self.holds = hold_times(self.settings)
         self.coordination = coordination_service(self.settings.coordination, node or node_name())
         self.gate = gate_service(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
@@ -226,7 +217,7 @@ class Daemon:
 
     def start(self) -> None:
         """Reconcile the ledger (every lever's records) with the kernel before the first tick."""
-        say_memory_lever(self.settings, self.sensor.layout.version, MemoryHighLever.name in self.levers)
+        say_memory_lever(self.settings, self.sensor.layout.version, MEMORY_HIGH.name in self.levers)
         if self.ledger.set_aside:
             log.error("ledger was corrupt; restoring only what can be proven", kept_as=self.ledger.set_aside)
         if self.ledger.rejected:
@@ -257,15 +248,14 @@ class Daemon:
     # --- the tick -----------------------------------------------------------------
 
     def tick(self) -> Plan:
+        """One tick (nodeguard.guard_tick): sense, then plan and act until settled; Events, stats, systemd."""
         started = time.monotonic()
-        # Held memory.high is read until it is given back (drift, restore), whatever the objectives say now.
-        self.sensor.follow_memory(self._memory_objectives or self.ledger.holds(MemoryHighLever.name))
-        snapshot = self.sensor.sense()
-        if self.kube is not None:
-            snapshot = self.kube.enrich(snapshot)  # no I/O: the cache the refresh task keeps
+        follow = self._memory_objectives or self.ledger.holds(MEMORY_HIGH.name)
+        snapshot = sense(self.sensor, follow, None if self.kube is None else self.kube.enrich)
         self.gate.observe(snapshot.node)
         writes = self.writer.counters.writes
-        plan = self._plan_and_act(snapshot)
+        settled = settle(snapshot, self.state, self.settings.guard, self.executor)
+        plan, self.state, self.changes = settled.plan, settled.state, settled.done
         if self.kube is not None and self._group is not None:
             self.kube.emit(self.changes, snapshot, self._spawn)
         if self.writer.counters.writes != writes:
@@ -280,6 +270,7 @@ class Daemon:
                 throttle_up={str(m): v for m, v in plan.gaps.throttle_up.items()},
                 actions=len(plan.actions),
                 blocked=[f"{b.metric}/{b.direction}: {b.cause}" for b in plan.blocked],
+                protect_phase=str(self.state.protect.phase),
             )
         self.last_snapshot, self.last_plan = snapshot, plan
         self.stats.ticks += 1
@@ -291,34 +282,6 @@ class Daemon:
         self._notify_tick(plan)
         return plan
 
-    def _plan_and_act(self, snapshot: Snapshot) -> Plan:
-        """Plan, act, and plan again without the workloads whose writes the kernel refused.
-
-        A refused write releases nothing, so the same tick closes the gap with
-        the next candidates. Each pass starts from the tick's state: the planner
-        stays pure, and what an earlier pass wrote is not written twice.
-        """
-        # A limit resized behind a throttle is the new original before anything is planned on it.
-        state = outcome.fold_moves(self.state, self.executor.adopt_moves(snapshot))
-        written: dict[str, CpuMax] = {}
-        memory: dict[str, int | None] = {}
-        for attempt in range(1, MAX_PASSES + 1):
-            plan = planner.plan(snapshot, state, self.settings.guard)
-            carried = self.executor.carry_out(
-                plan, state, snapshot, done=written, final=attempt == MAX_PASSES, done_memory=memory
-            )
-            after = outcome.after_pass(plan, state, carried.outcome, self.holds)
-            written.update(after.written)
-            memory.update(after.memory_written)
-            if not after.refused or attempt == MAX_PASSES:
-                break
-            state = state.with_held_back(after.refused)
-        reweighed = self.executor.reweigh(plan)
-        state = after.state.without_held_back([*written, *memory])
-        self.state = outcome.after_reweigh(plan, state, reweighed.unchanged, self.holds)
-        self.changes = [*carried.done, *reweighed.done]
-        return plan
-
     def _notify_tick(self, plan: Plan) -> None:
         """READY once after the first good tick, WATCHDOG every tick, STATUS as it changes."""
         lines = []
@@ -327,7 +290,7 @@ class Daemon:
         if self.notifier.watchdog_seconds is not None:
             lines.append("WATCHDOG=1")
         status = (
-            f"STATUS={len(plan.actions)} action(s) last tick, {len(self.state.throttles)} throttled,"
+            f"STATUS={len(plan.actions)} action(s) last tick, {sum(held_counts(self.ledger).values())} held back,"
             f" {plan.workloads} workload(s)"
         )
         if status != self._last_status:
@@ -352,6 +315,8 @@ class Daemon:
             gate=self.gate.status(),
             coordination=self.coordination.status(),
             held=held_counts(self.ledger),
+            levers=self.levers,
+            records={name: self.ledger.of(name) for name in self.levers},
             failed_restores=counters.failed_restores,
         )
 
@@ -438,7 +403,6 @@ class Daemon:
         self.settings = new
         self.sensor.reconfigure(new)
         self._memory_objectives = memory_objectives(new)
-        self.holds = hold_times(new)
         self.gate.reconfigure(new.gate)
         self.coordination.reconfigure(new.coordination)
         if self.kube is not None:

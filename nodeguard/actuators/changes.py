@@ -14,42 +14,22 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from nodeguard.actuators.ledger import Held, Key, Ledger, LedgerUnsaved, LeverRecord, Ownership
+from nodeguard.actuators.ledger import HeldValue, Ledger, LedgerUnsaved, LeverRecord, Ownership
 from nodeguard.actuators.levers.base import Lever, Write, WriteRefused, note_drift, refusal
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
-from nodeguard.policy.actions import MemoryRestore, MemoryThrottle, Restore, Reweigh, Throttle
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """Set one group's value with one lever (the policy's request, in the lever's canonical text)."""
-
-    lever: str
-    group: str
-    target: str  # for a release: the original the policy knows (a moved original is kept instead)
-    original: str | None  # the value before nodeguard first changed it, as the policy knows it; None: the current
-    release: bool  # back to the original: the record leaves the ledger after
-    kind: str  # throttle, restore, lower, raise, reassert: for logs and counters
-    reason: str  # the metric behind it
-    # A value found in place of the one nodeguard holds is drift this write also fixes: noted as such.
-    held: str | None = None
-    # The plan's action behind it (for logs and Events).
-    asked: Throttle | Restore | Reweigh | MemoryThrottle | MemoryRestore | None = None
-
-    @property
-    def key(self) -> Key:
-        return (self.lever, self.group)
+from nodeguard.model.levers import LeverChange, LeverKey
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
     """A change made: what the group had, and has now."""
 
-    change: Change
+    change: LeverChange
     before: str
     after: str
     children: int  # descendants changed with it
     holds_back: bool  # the new value holds the group back more than the one before (a throttle, a lowered weight)
+    shown: tuple[str, str] = ("", "")  # before and after, as the lever shows values to people
 
 
 @dataclass
@@ -57,14 +37,14 @@ class Results:
     """What became of a batch of changes."""
 
     done: list[Done] = field(default_factory=list)
-    refused: dict[Key, WriteRefused] = field(default_factory=dict)
-    gone: set[Key] = field(default_factory=set)
-    withheld: list[Change] = field(default_factory=list)  # not written: the ledger could not be saved first
+    refused: dict[LeverKey, WriteRefused] = field(default_factory=dict)
+    gone: set[LeverKey] = field(default_factory=set)
+    withheld: list[LeverChange] = field(default_factory=list)  # not written: the ledger could not be saved first
     unsaved: str | None = None  # why the ledger could not be saved (errno name), when changes were withheld
 
 
 def recorded(
-    ledger: Ledger, lever: Lever, change: Change, current: str, writes: Sequence[Write], *, pending: bool
+    ledger: Ledger, lever: Lever, change: LeverChange, current: str, writes: Sequence[Write], *, pending: bool
 ) -> LeverRecord:
     """The ledger record for a change: before it (``pending``: the new values marked as ours) or after it."""
     held = ledger.get(change.lever, change.group)
@@ -75,25 +55,26 @@ def recorded(
         old = children.get(write.path)
         first = old.original if old is not None else write.before
         if pending:
-            children[write.path] = Held(first, old.applied if old is not None else write.after, write.after)
+            children[write.path] = HeldValue(first, old.applied if old is not None else write.after, write.after)
         elif write.after == first:
             children.pop(write.path, None)  # back to its original: nothing of ours left there
         else:
-            children[write.path] = Held(first, write.after)
+            children[write.path] = HeldValue(first, write.after)
+    assert change.target is not None, "a change is resolved to its value before it is recorded"
     return LeverRecord(
         lever=change.lever,
         group=change.group,
-        original=current if change.original is None else change.original,
+        original=current if change.give_back is None else change.give_back,
         applied=held.applied if held is not None and pending else change.target,
         pending=change.target if pending else None,
         cgroup_version=lever.version,
-        reason=change.reason,
+        reason=change.metric,
         changed_at=time.time(),
         children=children,
     )
 
 
-def child_originals(ledger: Ledger, key: Key) -> dict[str, str]:
+def child_originals(ledger: Ledger, key: LeverKey) -> dict[str, str]:
     held = ledger.records.get(key)
     return {} if held is None else {path: child.original for path, child in held.children.items()}
 
@@ -105,14 +86,18 @@ class Changer:
         self.ledger = ledger
         self.levers = levers
 
-    def apply(self, changes: Sequence[Change], **context: object) -> Results:
+    def apply(self, changes: Sequence[LeverChange], **context: object) -> Results:
         results = Results()
-        prepared: list[tuple[Change, str, list[Write]]] = []
+        prepared: list[tuple[LeverChange, str, list[Write]]] = []
         for asked in changes:
             lever = self.levers[asked.lever]
             change = asked
             try:
-                change = self._settled(lever, asked)
+                resolved = self._resolved(lever, asked)
+                if resolved is None:
+                    continue  # giving back what the ledger no longer holds: nothing to do
+                change = self._settled(lever, resolved)
+                assert change.target is not None
                 current, writes = lever.plan(change.group, change.target, child_originals(self.ledger, change.key))
             except CgroupGone:
                 self.ledger.forget(change.key)
@@ -140,22 +125,32 @@ class Changer:
             self._write(change, current, writes, previous[change.key], results, **context)
         return results
 
-    def _settled(self, lever: Lever, change: Change) -> Change:
+    def _resolved(self, lever: Lever, change: LeverChange) -> LeverChange | None:
+        """A change with no value asks for the lever's strongest hold, or, as a release, for the recorded
+        original (None: the ledger holds nothing of the group)."""
+        if change.target is not None:
+            return change
+        if not change.release:
+            return replace(change, target=lever.strongest(change.group))
+        held = self.ledger.get(change.lever, change.group)
+        return None if held is None else replace(change, target=held.original, give_back=held.original)
+
+    def _settled(self, lever: Lever, change: LeverChange) -> LeverChange:
         """A release keeps a value someone else set since nodeguard's (theirs now), and otherwise the original."""
         held = self.ledger.get(change.lever, change.group)
         if not change.release or held is None:
             return change
         current = lever.read(change.group)
         if held.ownership(current) is Ownership.MOVED:
-            return replace(change, target=current, original=current)
+            return replace(change, target=current, give_back=current)
         return change
 
     def _withhold(
         self,
-        prepared: list[tuple[Change, str, list[Write]]],
-        previous: Mapping[Key, LeverRecord | None],
+        prepared: list[tuple[LeverChange, str, list[Write]]],
+        previous: Mapping[LeverKey, LeverRecord | None],
         results: Results,
-    ) -> list[tuple[Change, str, list[Write]]]:
+    ) -> list[tuple[LeverChange, str, list[Write]]]:
         """The ledger cannot record what is about to change: only releases (which need no ledger) go on.
 
         A step back up that the ledger cannot mark as ours would leave a value it cannot recognise after a
@@ -168,11 +163,12 @@ class Changer:
             if change.release:
                 kept.append((change, current, writes))
                 continue
+            assert change.target is not None
             if old is not None and lever.restricts(current, change.target):
-                release = replace(change, target=old.original, original=old.original, release=True)
+                release = replace(change, target=old.original, give_back=old.original, release=True)
                 self.ledger.records[change.key] = old
                 try:
-                    now, back = lever.plan(release.group, release.target, child_originals(self.ledger, release.key))
+                    now, back = lever.plan(release.group, old.original, child_originals(self.ledger, release.key))
                 except (CgroupGone, OSError, ParseError, ActuationRefused, ValueError):
                     continue
                 kept.append((release, now, back))
@@ -186,7 +182,7 @@ class Changer:
 
     def _write(
         self,
-        change: Change,
+        change: LeverChange,
         current: str,
         writes: list[Write],
         previous: LeverRecord | None,
@@ -194,9 +190,10 @@ class Changer:
         **context: object,
     ) -> None:
         lever = self.levers[change.lever]
-        note = {"action": change.kind, "metric": change.reason, **context}
-        if previous is not None and change.held is not None and previous.ownership(current) is Ownership.ORIGINAL:
-            note = note_drift(lever, change.group, current, change.held, note)
+        note = {"action": change.kind, "metric": change.metric, **context}
+        # A value found in place of the one nodeguard held is drift this write also fixes: noted as such.
+        if previous is not None and change.previous is not None and previous.ownership(current) is Ownership.ORIGINAL:
+            note = note_drift(lever, change.group, current, change.previous, note)
         try:
             lever.perform(writes, **note)
         except CgroupGone:
@@ -216,4 +213,7 @@ class Changer:
         else:
             self.ledger.record(recorded(self.ledger, lever, change, current, writes, pending=False))
         below = sum(1 for w in writes if w.path != change.group)
-        results.done.append(Done(change, current, change.target, below, lever.restricts(change.target, current)))
+        assert change.target is not None
+        restricts = lever.restricts(change.target, current)
+        shown = (lever.shown(current), lever.shown(change.target))
+        results.done.append(Done(change, current, change.target, below, restricts, shown))

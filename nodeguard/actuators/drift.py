@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
-from nodeguard.actuators.changes import Change, child_originals, recorded
-from nodeguard.actuators.ledger import Key, Ledger, LedgerUnsaved, LeverRecord, Ownership
+from nodeguard.actuators.changes import child_originals, recorded
+from nodeguard.actuators.ledger import Ledger, LedgerUnsaved, LeverRecord, Ownership
 from nodeguard.actuators.levers.base import Lever, WriteRefused, note_drift
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import get_logger
+from nodeguard.model.levers import LeverChange, LeverKey
 
 log = get_logger("nodeguard.drift")
 
@@ -29,12 +30,12 @@ _UNREADABLE = (CgroupGone, OSError, ParseError, ActuationRefused, ValueError)
 class Moves:
     """Originals that moved, and records released because a new original holds the group back enough."""
 
-    originals: dict[Key, str] = field(default_factory=dict)
-    released: set[Key] = field(default_factory=set)
+    originals: dict[LeverKey, str] = field(default_factory=dict)
+    released: set[LeverKey] = field(default_factory=set)
     children: int = 0
 
 
-def adopt_moves(ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: Collection[Key] = ()) -> Moves:
+def adopt_moves(ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: Collection[LeverKey] = ()) -> Moves:
     """A value someone set that is neither nodeguard's nor the recorded original is the new original."""
     moves = Moves()
     for record in ledger:
@@ -76,9 +77,11 @@ def _adopt(ledger: Ledger, lever: Lever, record: LeverRecord, current: str, move
             ledger.move_original(record.key, found, child=path)
 
 
-def reassert(ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: Collection[Key] = ()) -> dict[Key, str]:
+def reassert(
+    ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: Collection[LeverKey] = ()
+) -> dict[LeverKey, str]:
     """Put nodeguard's value back wherever someone changed it (the ledger first); the failures, by record."""
-    failed: dict[Key, str] = {}
+    failed: dict[LeverKey, str] = {}
     for record in ledger:
         if record.key in skip or record.lever not in levers:
             continue
@@ -95,7 +98,8 @@ def reassert(ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: Coll
 
 
 def _put_back(ledger: Ledger, lever: Lever, record: LeverRecord) -> None:
-    change = Change(record.lever, record.group, record.applied, record.original, False, "reassert", record.reason)
+    change = LeverChange(record.lever, record.group, record.applied, record.original, release=False, holds_back=True,
+                         kind="reassert", metric=record.reason, reason="put back after someone changed it")  # fmt: skip
     current, writes = lever.plan(record.group, record.applied, child_originals(ledger, record.key))
     if not writes:
         return

@@ -32,6 +32,7 @@ from nodeguard.actuators.levers import REGISTERED
 from nodeguard.atomic_file import UnsafeFile, read_state_file, set_aside, write_atomic
 from nodeguard.errors import NodeguardError
 from nodeguard.log import get_logger
+from nodeguard.model.levers import CPU_QUOTA, CPU_WEIGHT, LeverKey
 
 log = get_logger("nodeguard.ledger")
 
@@ -49,7 +50,7 @@ class Ownership(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class Held:
+class HeldValue:
     """One cgroup's value: before nodeguard, as nodeguard set it, and a write about to happen."""
 
     original: str  # the lever's canonical text
@@ -69,11 +70,8 @@ class Held:
         return Ownership.MOVED
 
 
-Key = tuple[str, str]  # (lever, group)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LeverRecord(Held):
+class LeverRecord(HeldValue):
     """What one lever changed on one group (and on the descendants it had to change with it)."""
 
     lever: str
@@ -82,10 +80,10 @@ class LeverRecord(Held):
     reason: str = ""
     changed_at: float = 0.0  # wall-clock seconds
     # Descendant cgroups (paths relative to the hierarchy root) changed to let the group's own value be set.
-    children: Mapping[str, Held] = field(default_factory=dict)
+    children: Mapping[str, HeldValue] = field(default_factory=dict)
 
     @property
-    def key(self) -> Key:
+    def key(self) -> LeverKey:
         return (self.lever, self.group)
 
 
@@ -100,7 +98,7 @@ def _checked(record: LeverRecord) -> LeverRecord:
     if not record.group:
         raise ValueError("group: empty")
 
-    def held(where: str, value: Held) -> dict[str, Any]:
+    def held(where: str, value: HeldValue) -> dict[str, Any]:
         try:
             return {
                 "original": check(value.original),
@@ -110,7 +108,7 @@ def _checked(record: LeverRecord) -> LeverRecord:
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
 
-    children = {path: Held(**held(f"children.{path}", child)) for path, child in record.children.items()}
+    children = {path: HeldValue(**held(f"children.{path}", child)) for path, child in record.children.items()}
     return replace(record, **held("value", record), children=children)
 
 
@@ -126,14 +124,14 @@ def _from_version_1(document: Mapping[str, Any]) -> list[Any]:
     for entry in items:
         if isinstance(entry, Mapping) and "workload_id" in entry:
             rest = {k: v for k, v in entry.items() if k != "workload_id"}
-            records.append(rest | {"lever": "cpu.max", "group": entry["workload_id"]})
+            records.append(rest | {"lever": CPU_QUOTA.name, "group": entry["workload_id"]})
         else:
             records.append(entry)
     numbers = ("original", "applied", "pending")
     for weight in weights:
         if isinstance(weight, Mapping):
             values = {k: str(v) for k, v in weight.items() if k in numbers and isinstance(v, int)}
-            records.append({**weight, "lever": "cpu.weight", **values})
+            records.append({**weight, "lever": CPU_WEIGHT.name, **values})
         else:
             records.append(weight)
     return records
@@ -151,7 +149,7 @@ class LedgerUnsaved(NodeguardError):
 class Ledger:
     def __init__(self, path: str) -> None:
         self.path = path
-        self.records: dict[Key, LeverRecord] = {}
+        self.records: dict[LeverKey, LeverRecord] = {}
         self.set_aside: str | None = None  # where an unreadable file was moved
         self.rejected: str | None = None  # where records that failed their checks were kept
 
@@ -238,7 +236,7 @@ class Ledger:
             record = replace(record, cgroup_version=held.cgroup_version, original=held.original, children=children)
         self.records[record.key] = record
 
-    def move_original(self, key: Key, original: str, child: str | None = None) -> None:
+    def move_original(self, key: LeverKey, original: str, child: str | None = None) -> None:
         """Someone set a new value behind nodeguard (an in-place resize): it is the original from now on."""
         held = self.records[key]
         if child is None:
@@ -248,7 +246,7 @@ class Ledger:
             children[child] = replace(children[child], original=original)
             self.records[key] = replace(held, children=children)
 
-    def forget(self, key: Key) -> None:
+    def forget(self, key: LeverKey) -> None:
         self.records.pop(key, None)
 
     def save(self) -> None:

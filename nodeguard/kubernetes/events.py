@@ -16,62 +16,39 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from nodeguard.actuators.changes import Done
 from nodeguard.kubernetes.client import KubeClient, KubeError, raise_for
 from nodeguard.kubernetes.metadata import PodCache, PodMeta
 from nodeguard.log import RateLimiter, get_logger
-from nodeguard.policy.actions import Action, MemoryRestore, MemoryThrottle, Restore, Reweigh, Throttle
+from nodeguard.model.levers import LEVERS, TERMS, EventKind, EventType
 
 log = get_logger("nodeguard.kubernetes.events")
 
 COMPONENT = "nodeguard"
 MAX_MESSAGE = 1024  # the API server's limit on an Event's note
 MAX_NAME = 253
-EventType = Literal["Normal", "Warning"]
-Kind = tuple[str, EventType, str]  # (reason, type, action)
-EVICTED: Kind = ("NodeguardEvicted", "Warning", "Evict")
-# (lever, holds the group back) -> the Event; every registered lever has both (tests/kubernetes/test_events.py).
-LEVER_KINDS: dict[tuple[str, bool], Kind] = {
-    ("cpu.max", True): ("NodeguardThrottled", "Warning", "Throttle"),
-    ("cpu.max", False): ("NodeguardRestored", "Normal", "Restore"),
-    ("cpu.weight", True): ("NodeguardWeightLowered", "Warning", "LowerWeight"),
-    ("cpu.weight", False): ("NodeguardWeightRestored", "Normal", "RestoreWeight"),
-    ("memory.high", True): ("NodeguardMemoryThrottled", "Warning", "ThrottleMemory"),
-    ("memory.high", False): ("NodeguardMemoryRestored", "Normal", "RestoreMemory"),
-}
+EVICTED = EventKind("NodeguardEvicted", "Warning", "Evict")
+# Every Event reason nodeguard records: each lever's two, and evictions'.
+REASONS: tuple[EventKind, ...] = (*(kind for t in LEVERS for kind in (t.holds, t.gives_back)), EVICTED)
 
 
-def _cores(value: float | None) -> str:
-    return "unlimited" if value is None else f"{value:.3g} cores"
-
-
-def _mib(value: int | None) -> str:
-    return "max" if value is None else f"{value / (1 << 20):.4g} MiB"
-
-
-def describe(action: Action) -> str:
-    """The Event message: the metric, the gap it closes, and what changed."""
-    gap = "n/a" if action.gap_before is None else f"{action.gap_before:.4g}"
-    head = f"{action.metric}: gap {gap}; {action.reason}"
-    if isinstance(action, Throttle | Restore):
-        return f"{head}; CPU limit {_cores(action.previous.cores)} -> {_cores(action.quota.cores)}"
-    if isinstance(action, MemoryThrottle | MemoryRestore):
-        return f"{head}; memory.high {_mib(action.previous)} -> {_mib(action.high)}"
-    return head + (f"; frees about {action.cores:.3g} cores, {action.memory_bytes >> 20} MiB" if action.cores else "")
+def event_kind(done: Done) -> EventKind:
+    """A lever change's Event: the lever's own, for holding back or for giving back."""
+    terms = TERMS[done.change.lever]
+    return terms.holds if done.holds_back else terms.gives_back
 
 
 def describe_change(done: Done) -> str:
-    """The Event message of a lever change: the plan's own words where it has them, and the values."""
-    asked = done.change.asked
-    if isinstance(asked, Throttle | Restore | MemoryThrottle | MemoryRestore):
-        return describe(asked)
-    what = f"{done.change.lever} {done.before} -> {done.after}"
-    if isinstance(asked, Reweigh):
-        held = f"; holds back {', '.join(asked.workloads)}" if asked.workloads and asked.lower else ""
-        return f"{asked.metric}: {asked.reason}; {what}{held}"
-    return f"{done.change.reason}: {what}"
+    """The Event message of a lever change: the metric and gap, the plan's reason, what changed and, for a group,
+    the candidates it holds back."""
+    change = done.change
+    gap = "n/a" if change.gap_before is None else f"{change.gap_before:.4g}"
+    before, after = done.shown
+    what = f"{TERMS[change.lever].noun} {before} -> {after}"
+    held = f"; holds back {', '.join(change.workloads)}" if change.workloads and done.holds_back else ""
+    return f"{change.metric}: gap {gap}; {change.reason}; {what}{held}"
 
 
 def pod_object(pod: PodMeta) -> dict[str, Any]:
@@ -145,16 +122,15 @@ class EventRecorder:
             if pod is None:
                 return False
             involved = pod_object(pod)
-        reason, type_, verb = LEVER_KINDS[(done.change.lever, done.holds_back)]
-        return await self.record(involved, reason, type_, verb, describe_change(done))
+        kind = event_kind(done)
+        return await self.record(involved, kind.reason, kind.type, kind.action, describe_change(done))
 
     async def eviction(self, pod: PodMeta, how: str, context: dict[str, object]) -> bool:
         """The Event of an eviction that went through (recorded by the evictor, which knows the outcome)."""
         gap = context.get("gap")
         gap_text = f"{gap:.4g}" if isinstance(gap, int | float) else "n/a"
         message = f"{context.get('metric', 'unknown metric')}: gap {gap_text}; {context.get('reason', '')}; {how}"
-        reason, type_, verb = EVICTED
-        return await self.record(pod_object(pod), reason, type_, verb, message)
+        return await self.record(pod_object(pod), EVICTED.reason, EVICTED.type, EVICTED.action, message)
 
     async def record(self, involved: dict[str, Any], reason: str, type_: EventType, action: str, message: str) -> bool:
         if self.in_flight >= self.max_in_flight:

@@ -1,9 +1,10 @@
 """What a plan asks the actuators to do, as data; and why it did not do more.
 
-Gaps and releases are in the unit of the action's metric (cores, bytes,
-percent, load per core). ``predicted_release`` is None for a non-quantified
-metric, where the release cannot be predicted; a restore's is negative: the
-usage it may add back.
+Every lever change is a ``LeverChange`` (``nodeguard.model.levers``); an
+eviction is not a lever and has its own ``Evict``. Gaps and releases are in
+the unit of the action's metric (cores, bytes, percent, load per core).
+``predicted_release`` is None for a non-quantified metric, where the release
+cannot be predicted; a give-back's is negative: the usage it may add back.
 """
 
 from __future__ import annotations
@@ -11,48 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from nodeguard.model.samples import CpuMax
+from nodeguard.model.levers import LeverChange
 from nodeguard.model.workloads import Workload
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.state import Direction
-
-
-@dataclass(frozen=True, slots=True)
-class Throttle:
-    workload: Workload
-    metric: Metric
-    reason: str
-    gap_before: float  # still open before this action
-    predicted_release: float | None
-    release_cores: float
-    quota: CpuMax  # the cpu.max to write
-    previous: CpuMax  # the limit before this action
-    original: CpuMax  # the limit before the guard first touched it: for the ledger
-    dry_run: bool
-    kind: Literal["throttle"] = "throttle"
-
-    @property
-    def workload_id(self) -> str:
-        return self.workload.id
-
-
-@dataclass(frozen=True, slots=True)
-class Restore:
-    workload: Workload
-    metric: Metric
-    reason: str
-    gap_before: float | None  # the throttle-up gap still open; None if no objective is left on the metric
-    predicted_release: float | None  # negative
-    quota: CpuMax  # the cpu.max to write: exactly ``original`` when ``full``
-    previous: CpuMax
-    original: CpuMax
-    full: bool  # the workload is released: drop it from the ledger after writing
-    dry_run: bool
-    kind: Literal["restore"] = "restore"
-
-    @property
-    def workload_id(self) -> str:
-        return self.workload.id
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,68 +35,7 @@ class Evict:
         return self.workload.id
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryThrottle:
-    """Lower a workload's memory.high (policy.memory): the kernel reclaims from it and slows its allocations."""
-
-    workload: Workload
-    metric: Metric
-    reason: str
-    gap_before: float  # still open before this action, in the metric's unit
-    predicted_release: float | None  # in the metric's unit: at most what it uses above the new memory.high
-    release_bytes: int
-    high: int  # the memory.high to write, bytes
-    previous: int | None  # memory.high before this action (None: "max")
-    original: int | None  # memory.high before the guard first touched it: for the ledger
-    dry_run: bool
-    kind: Literal["memory_throttle"] = "memory_throttle"
-
-    @property
-    def workload_id(self) -> str:
-        return self.workload.id
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryRestore:
-    """Raise a held memory.high a step, or write its original back (``full``)."""
-
-    workload: Workload
-    metric: Metric
-    reason: str
-    gap_before: float | None  # the throttle-up gap still open
-    predicted_release: float | None  # negative: the usage it may add back
-    high: int | None  # the memory.high to write: exactly ``original`` when ``full``
-    previous: int | None
-    original: int | None
-    full: bool
-    dry_run: bool
-    kind: Literal["memory_restore"] = "memory_restore"
-
-    @property
-    def workload_id(self) -> str:
-        return self.workload.id
-
-
-MemoryAction = MemoryThrottle | MemoryRestore
-Action = Throttle | Restore | Evict | MemoryThrottle | MemoryRestore
-
-
-@dataclass(frozen=True, slots=True)
-class Reweigh:
-    """Lower a group's CPU weight to the kernel's least, or put its original back (protected_cpu_stall).
-
-    The group need not be a workload: it is where CFS weighs the candidates
-    against the protected workload (policy.stall.competing_group), often a
-    kubelet QoS tier. Work-conserving: the group still gets every idle cycle.
-    """
-
-    group: str  # cgroup path relative to the root
-    metric: Metric
-    reason: str
-    lower: bool  # False: the original weight back
-    workloads: tuple[str, ...]  # the candidates it holds back (for the record)
-    dry_run: bool
-    kind: Literal["reweigh"] = "reweigh"
+Action = LeverChange | Evict
 
 
 Cause = Literal[

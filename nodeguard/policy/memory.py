@@ -40,7 +40,7 @@ against its hold for PRESSED_SECONDS (pressing: at PRESSING_SHARE of its
 memory.high or more, and stalled on memory itself): the protected stall is
 calm *because* of the hold while a stream still fills the page cache, and
 raising it then would expose them again (the weights' rule in
-policy/protect_levers.py, for memory).
+protection, for memory).
 
 On cgroup v1 there is no memory.high: each memory throttle line is blocked
 with cause ``needs-cgroup-v2`` and evict objectives are untouched.
@@ -52,28 +52,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
+from nodeguard.model.levers import MEMORY_HIGH, LeverChange
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QOS_RANK
-from nodeguard.policy.actions import MemoryRestore, MemoryThrottle
+from nodeguard.policy.context import PlanContext, fmt
+from nodeguard.policy.decisions import Decision, Draft, Planned
+from nodeguard.policy.holds import HeldMemory, bytes_shown, memory_text
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import Ranked
-from nodeguard.policy.state import Direction, HeldMemory
-from nodeguard.policy.tick import Tick, fmt
+from nodeguard.policy.state import Direction
+from nodeguard.policy.tuning import GRANULE, OVER_SLACK, PRESSED_SECONDS, PRESSING_SHARE
 from nodeguard.policy.waterlines import Waterline
 
-# memory.high values are multiples of this: whole pages on 4, 16 and 64 KiB page kernels (the lever refuses others).
-GRANULE = 64 << 10
-# How far usage may sit above memory.high (the kernel charges in batches) and still count as reclaimed down to it.
-OVER_SLACK = 1 << 20
 # The metric a restore is counted under when its hold knows no reason and no memory objective is configured
-# (as policy.tick.first_reason does for quotas).
+# (as policy.context.first_reason does for quotas).
 ADOPTED_REASON = Metric.MEMORY_TOTAL_UTILIZATION
-# A workload using this share of its memory.high or more, and stalled on memory itself, is still held there by
-# the kernel's reclaim: it wants the memory its hold keeps from the protected workloads.
-PRESSING_SHARE = 0.95
-# Seconds a hold stays after its workload last pressed against it (PSI's own shortest average is over 10 s): a
-# stream's reclaim stalls come in bursts, and one tick without one does not mean it stopped.
-PRESSED_SECONDS = 10.0
 NEEDS_V2 = (
     "memory throttling writes memory.high, which needs cgroup v2 (cgroup v1's memory limits invoke the OOM "
     "killer); on this node only evict objectives act on memory"
@@ -97,37 +90,39 @@ def _up(value: float) -> int:
     return -(-math.ceil(value) // GRANULE) * GRANULE
 
 
-def floor_of(tick: Tick, usage: WorkloadUsage) -> int:
+def floor_of(ctx: PlanContext, usage: WorkloadUsage) -> int:
     """The least memory.high a workload is given: its request, and guard.memory.minHigh."""
-    return _up(max(tick.guard.memory.min_high, usage.workload.memory_request_bytes or 0))
+    return _up(max(ctx.guard.memory.min_high, usage.workload.memory_request_bytes or 0))
 
 
-def memory_throttle(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> None:
+def memory_throttle(ctx: PlanContext, before: Planned, line: Waterline, gap: float, ranked: Ranked) -> Decision:
     """Close a memory metric's gap by lowering the candidates' memory.high, fewest first."""
-    if tick.snapshot.cgroup_version != "v2":
-        tick.block(line.metric, Direction.THROTTLE, "needs-cgroup-v2", NEEDS_V2)
-        return
-    per_unit = tick.per_unit(line.metric)
-    margin = tick.guard.target_margin_percent / 100.0 * tick.node_memory()
+    draft = Draft(before)
+    if ctx.snapshot.cgroup_version != "v2":
+        draft.block(line.metric, Direction.THROTTLE, "needs-cgroup-v2", NEEDS_V2)
+        return draft.decision()
+    per_unit = ctx.per_unit(line.metric)
+    margin = ctx.guard.target_margin_percent / 100.0 * ctx.node_memory()
     # What this tick's throttles on the other memory metric may release counts; not towards evictions (evict.py):
     # a lowered memory.high may release nothing (anonymous memory without swap), and eviction is what is left.
-    remaining = gap / per_unit + margin - tick.throttled_memory
+    remaining = gap / per_unit + margin - draft.throttled_memory
     for usage in ranked:
         if remaining < GRANULE:
-            return
-        lowered = lower_high(tick, usage, remaining)
+            return draft.decision()
+        lowered = lower_high(ctx, draft, usage, remaining)
         if lowered is None:
             continue
         high, release, previous = lowered
-        _emit_throttle(tick, line, usage, high=high, release=release, previous=previous,
+        _emit_throttle(ctx, draft, line, usage, high=high, release=release, previous=previous,
                        gap_before=remaining * per_unit, per_unit=per_unit)  # fmt: skip
         remaining -= release
     if remaining >= GRANULE:
         detail = f"{fmt(remaining * per_unit)} of the gap stays open: every candidate's memory.high is at its floor"
-        tick.block(line.metric, Direction.THROTTLE, "exhausted", detail + tick.holding_note())
+        draft.block(line.metric, Direction.THROTTLE, "exhausted", detail + ctx.holding_note())
+    return draft.decision()
 
 
-def memory_protect(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> None:
+def memory_protect(ctx: PlanContext, before: Planned, line: Waterline, gap: float, ranked: Ranked) -> Decision:
     """protected_memory_stall past its target: every candidate's memory.high comes down one step, then measure.
 
     The stall is the protected workloads' own (memory.pressure "some": their refaults and reclaim waits), and
@@ -135,31 +130,32 @@ def memory_protect(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> N
     kernel reclaim their cache first, and a cool-down lets the protected workloads' refaults say whether it was
     enough. Non-quantified: the release of a step cannot be predicted from the stall.
     """
-    if tick.snapshot.cgroup_version != "v2":
-        tick.block(line.metric, Direction.THROTTLE, "needs-cgroup-v2", NEEDS_V2)
-        return
+    draft = Draft(before)
+    if ctx.snapshot.cgroup_version != "v2":
+        draft.block(line.metric, Direction.THROTTLE, "needs-cgroup-v2", NEEDS_V2)
+        return draft.decision()
     acted = False
     for usage in ranked:
-        lowered = lower_high(tick, usage, math.inf)  # a whole step: guard.memory.stepPercent of its usage
+        lowered = lower_high(ctx, draft, usage, math.inf)  # a whole step: guard.memory.stepPercent of its usage
         if lowered is None:
             continue
         high, release, previous = lowered
-        _emit_throttle(tick, line, usage, high=high, release=release, previous=previous, gap_before=gap,
+        _emit_throttle(ctx, draft, line, usage, high=high, release=release, previous=previous, gap_before=gap,
                        per_unit=None, how="one step to reclaim its cache first (closed loop)")  # fmt: skip
         acted = True
     if acted:
-        tick.cooldowns[(line.metric, Direction.THROTTLE)] = tick.guard.cooldown_ticks
+        draft.cool(line.metric, Direction.THROTTLE, ctx.guard.cooldown_ticks)
     else:
-        detail = "every candidate's memory.high is at its floor" + tick.holding_note()
-        tick.block(line.metric, Direction.THROTTLE, "exhausted", detail)
+        detail = "every candidate's memory.high is at its floor" + ctx.holding_note()
+        draft.block(line.metric, Direction.THROTTLE, "exhausted", detail)
+    return draft.decision()
 
 
-def lower_high(tick: Tick, usage: WorkloadUsage, want: float) -> tuple[int, int, int | None] | None:
+def lower_high(ctx: PlanContext, draft: Draft, usage: WorkloadUsage, want: float) -> tuple[int, int, int | None] | None:
     """(the new memory.high, the bytes it may release, the value before); None at its floor or without the file."""
     if usage.memory_high is None or usage.memory_bytes is None:
         return None  # no memory controller here: nothing to lower
-    wid = usage.workload.id
-    held = tick.memory.get(wid)
+    held = draft.memory(usage.workload.id)
     previous = held.high if held is not None else as_bytes(usage.memory_high)
     used = usage.memory_bytes
     if previous is not None and used > previous + OVER_SLACK:
@@ -168,11 +164,11 @@ def lower_high(tick: Tick, usage: WorkloadUsage, want: float) -> tuple[int, int,
         # inside the workload would only cost CPU (bench/memory.py: the protected pod's tail). It is held.
         return None
     base = used if previous is None else min(used, previous)
-    floor = floor_of(tick, usage)
+    floor = floor_of(ctx, usage)
     room = base - floor
     if room < GRANULE:
         return None
-    step = used * tick.guard.memory.step_percent / 100.0
+    step = used * ctx.guard.memory.step_percent / 100.0
     cut = min(room, max(want, GRANULE), max(step, GRANULE))
     high = max(floor, _down(base - cut))
     if previous is not None and high >= previous:
@@ -181,7 +177,8 @@ def lower_high(tick: Tick, usage: WorkloadUsage, want: float) -> tuple[int, int,
 
 
 def _emit_throttle(
-    tick: Tick,
+    ctx: PlanContext,
+    draft: Draft,
     line: Waterline,
     usage: WorkloadUsage,
     *,
@@ -193,97 +190,114 @@ def _emit_throttle(
     how: str = "precisely",
 ) -> None:
     workload = usage.workload
-    held = tick.memory.get(workload.id)
+    held = draft.memory(workload.id)
     original = held.original if held is not None else as_bytes(usage.memory_high)
-    dry = tick.dry(line)
-    tick.actions.append(
-        MemoryThrottle(
-            workload=workload,
+    dry = ctx.dry(line)
+    draft.act(
+        LeverChange(
+            lever=MEMORY_HIGH.name,
+            group=workload.id,
+            target=memory_text(high),
+            give_back=memory_text(original),
+            release=False,
+            holds_back=True,
+            kind="memory_throttle",
             metric=line.metric,
             reason=f"{line.metric} past {fmt(line.threshold)} ({line.objective}): lower memory.high {how}",
+            dry_run=dry,
+            workload=workload,
             gap_before=gap_before,
             predicted_release=None if per_unit is None else release * per_unit,
-            release_bytes=release,
-            high=high,
-            previous=previous,
-            original=original,
-            dry_run=dry,
+            previous=memory_text(previous),
+            releases=release,
+            details=(
+                ("lever", MEMORY_HIGH.name),
+                ("memory_high", bytes_shown(high)),
+                ("previous", bytes_shown(previous)),
+                ("original", bytes_shown(original)),
+                ("release_bytes", release),
+            ),
         )
     )
-    tick.throttled_memory += release
+    draft.throttled_memory += release
     if not dry:
-        tick.memory[workload.id] = HeldMemory(
-            workload_id=workload.id,
-            original=original,
-            high=high,
-            reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
-            since=held.since if held is not None else tick.now,
-            demand_bytes=held.demand_bytes if held is not None else usage.memory_bytes,
-            pressed=held.pressed if held is not None else None,
+        draft.set_hold(
+            HeldMemory(
+                group=workload.id,
+                original=original,
+                high=high,
+                reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
+                since=held.since if held is not None else ctx.now,
+                demand_bytes=held.demand_bytes if held is not None else usage.memory_bytes,
+                pressed=held.pressed if held is not None else None,
+            )
         )
 
 
-def memory_restore(tick: Tick, lines: Sequence[Waterline]) -> None:
+def memory_restore(ctx: PlanContext, before: Planned, lines: Sequence[Waterline]) -> Decision:
     """Raise held memory.high values a step when every memory throttle metric is calm."""
-    if not tick.memory_before:
-        return
-    _note_pressing(tick)
+    draft = Draft(before)
+    if not ctx.memory_before:
+        return draft.decision()
+    _note_pressing(ctx, draft)
     for line in lines:
-        if line.metric in tick.gaps.throttle_down:
-            tick.block(line.metric, Direction.RESTORE, "throttling", f"{line.metric} is past its waterline")
-            return
-    budget = tick.guard.memory.restore_step_percent / 100.0 * tick.node_memory()
+        if line.metric in ctx.gaps.throttle_down:
+            draft.block(line.metric, Direction.RESTORE, "throttling", f"{line.metric} is past its waterline")
+            return draft.decision()
+    budget = ctx.guard.memory.restore_step_percent / 100.0 * ctx.node_memory()
     paced: list[Metric] = []
     for line in lines:
-        if not _calm(tick, line):
-            return
-        up = tick.gaps.throttle_up.get(line.metric)
+        if not _calm(ctx, draft, line):
+            return draft.decision()
+        up = ctx.gaps.throttle_up.get(line.metric)
         if not line.quantified:
             paced.append(line.metric)  # a step, then the protected workloads' stall is measured again
         elif up is not None:
-            budget = min(budget, up / tick.per_unit(line.metric))
-    if _raise(tick, budget, lines):
+            budget = min(budget, up / ctx.per_unit(line.metric))
+    if _raise(ctx, draft, budget, lines):
         for metric in paced:
-            tick.cooldowns[(metric, Direction.RESTORE)] = tick.guard.cooldown_ticks
+            draft.cool(metric, Direction.RESTORE, ctx.guard.cooldown_ticks)
+    return draft.decision()
 
 
-def _calm(tick: Tick, line: Waterline) -> bool:
-    value = tick.readings[line.metric]
+def _calm(ctx: PlanContext, draft: Draft, line: Waterline) -> bool:
+    value = ctx.readings[line.metric]
     if value is None:
-        tick.missing_sample(line.metric, Direction.RESTORE)
+        draft.missing_sample(line.metric, Direction.RESTORE)
         return False
     assert line.restore_below is not None  # config: a throttle objective has restoreBelow
-    if line.metric not in tick.gaps.throttle_up:
+    if line.metric not in ctx.gaps.throttle_up:
         detail = f"{fmt(value)} is not below the restore waterline {fmt(line.restore_below)}"
-        tick.block(line.metric, Direction.RESTORE, "dead-band", detail)
+        draft.block(line.metric, Direction.RESTORE, "dead-band", detail)
         return False
     key = (line.metric, Direction.RESTORE)
-    streak = tick.streaks.get(key, 0)
+    streak = ctx.streaks.get(key, 0)
     if streak < line.restore_after:
         detail = f"below the restore waterline {streak}/{line.restore_after} ticks"
-        tick.block(line.metric, Direction.RESTORE, "confirming", detail)
+        draft.block(line.metric, Direction.RESTORE, "confirming", detail)
         return False
-    if key in tick.cooling:
-        tick.block(line.metric, Direction.RESTORE, "cooldown", "measuring the effect of the last restore")
+    if key in ctx.cooling:
+        draft.block(line.metric, Direction.RESTORE, "cooldown", "measuring the effect of the last restore")
         return False
     return True
 
 
-def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
+def _raise(ctx: PlanContext, draft: Draft, budget: float, lines: Sequence[Waterline]) -> bool:
     """Raise held values within ``budget`` bytes, most important first; whether any was raised."""
     why = "node calm on every memory throttle metric" if lines else "no memory objective holds it"
     unknown = lines[0].metric if lines else ADOPTED_REASON  # the metric of a hold that knows no reason
-    held = [tick.workloads[wid] for wid in tick.memory if wid not in tick.evictions]
+    holds = draft.current(HeldMemory)
+    held = [ctx.workloads[wid] for wid in holds if not draft.pending(wid)]
     # Most important first.
     held.sort(key=lambda u: (QOS_RANK[u.workload.qos_class], -u.workload.priority, u.workload.id))
     spent = 0.0
     raised = False
-    node = tick.node_memory()
+    node = ctx.node_memory()
     guarding = any(line.metric is Metric.PROTECTED_MEMORY_STALL for line in lines)
     pressing = []
     for usage in held:
-        hold = tick.memory[usage.workload.id]
-        if guarding and hold.pressed is not None and tick.now - hold.pressed < PRESSED_SECONDS:
+        hold = holds[usage.workload.id]
+        if guarding and hold.pressed is not None and ctx.now - hold.pressed < PRESSED_SECONDS:
             pressing.append(usage.workload.id)
             continue
         ceiling = min(math.inf if hold.original is None else hold.original, node)
@@ -298,21 +312,21 @@ def _raise(tick: Tick, budget: float, lines: Sequence[Waterline]) -> bool:
             step, new, full = float(_down(left)), hold.high + _down(left), False
         spent += step
         metric = min(hold.reasons, key=str) if hold.reasons else unknown
-        _emit_restore(tick, usage, hold, new=new, step=step, full=full, metric=metric, why=why)
+        _emit_restore(ctx, draft, usage, hold, new=new, step=step, full=full, metric=metric, why=why)
         raised = True
     if pressing:
         names = ", ".join(pressing[:3]) + (" …" if len(pressing) > 3 else "")
         detail = f"{len(pressing)} held still press against their memory.high (reclaimed, stalled): {names}"
-        tick.block(Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "contended", detail)
+        draft.block(Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "contended", detail)
     return raised
 
 
-def _note_pressing(tick: Tick) -> None:
+def _note_pressing(ctx: PlanContext, draft: Draft) -> None:
     """Stamp the holds the protected-memory objective made whose workload presses against them now."""
-    for wid, hold in tick.memory.items():
-        usage = tick.workloads.get(wid)
+    for wid, hold in draft.current(HeldMemory).items():
+        usage = ctx.workloads.get(wid)
         if usage is not None and Metric.PROTECTED_MEMORY_STALL in hold.reasons and presses(usage, hold.high):
-            tick.memory[wid] = replace(hold, pressed=tick.now)
+            draft.set_hold(replace(hold, pressed=ctx.now))
 
 
 def presses(usage: WorkloadUsage, high: int) -> bool:
@@ -322,7 +336,8 @@ def presses(usage: WorkloadUsage, high: int) -> bool:
 
 
 def _emit_restore(
-    tick: Tick,
+    ctx: PlanContext,
+    draft: Draft,
     usage: WorkloadUsage,
     hold: HeldMemory,
     *,
@@ -332,27 +347,38 @@ def _emit_restore(
     metric: Metric,
     why: str,
 ) -> None:
-    per_unit = tick.per_unit(metric) if CAPABILITIES[metric].throttle_quantified else None
-    dry = tick.guard.dry_run
-    tick.actions.append(
-        MemoryRestore(
-            workload=usage.workload,
+    per_unit = ctx.per_unit(metric) if CAPABILITIES[metric].throttle_quantified else None
+    dry = ctx.guard.dry_run
+    draft.act(
+        LeverChange(
+            lever=MEMORY_HIGH.name,
+            group=usage.workload.id,
+            target=memory_text(new),
+            give_back=memory_text(hold.original),
+            release=full,
+            holds_back=False,
+            kind="memory_restore",
             metric=metric,
             reason=("released: memory.high back to its original" if full else "memory.high raised one step")
             + f" ({why})",
-            gap_before=tick.gaps.throttle_up.get(metric),
-            predicted_release=None if per_unit is None else -step * per_unit,
-            high=new,
-            previous=hold.high,
-            original=hold.original,
-            full=full,
             dry_run=dry,
+            workload=usage.workload,
+            gap_before=ctx.gaps.throttle_up.get(metric),
+            predicted_release=None if per_unit is None else -step * per_unit,
+            previous=memory_text(hold.high),
+            details=(
+                ("lever", MEMORY_HIGH.name),
+                ("memory_high", bytes_shown(new)),
+                ("previous", bytes_shown(hold.high)),
+                ("original", bytes_shown(hold.original)),
+                ("full", full),
+            ),
         )
     )
     if dry:
         return
     if full:
-        del tick.memory[usage.workload.id]
+        draft.drop_hold(HeldMemory, usage.workload.id)
     else:
         assert new is not None
-        tick.memory[usage.workload.id] = replace(hold, high=new)
+        draft.set_hold(replace(hold, high=new))

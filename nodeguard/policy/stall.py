@@ -23,8 +23,7 @@ from typing import NamedTuple
 
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QosClass, Workload
-
-IDLE_CORES = 0.1  # idle CPU on the node past which no runnable work is held back by its weight
+from nodeguard.policy.tuning import IDLE_CORES
 
 
 class Stall(NamedTuple):

@@ -23,57 +23,72 @@ from __future__ import annotations
 
 import math
 
+from nodeguard.model.levers import CPU_QUOTA, LeverChange
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import WorkloadUsage
-from nodeguard.policy.actions import Throttle
+from nodeguard.policy.context import PlanContext, fmt
+from nodeguard.policy.decisions import Decision, Draft, Planned
+from nodeguard.policy.holds import HeldThrottle, cpu_max_data, quota_lever_shown
 from nodeguard.policy.ranking import Ranked
-from nodeguard.policy.state import Direction, HeldThrottle
-from nodeguard.policy.tick import CLOSED_CORES, Tick, fmt
+from nodeguard.policy.state import Direction
+from nodeguard.policy.tuning import CLOSED_CORES, MIN_QUOTA_US
 from nodeguard.policy.waterlines import Waterline
-
-MIN_QUOTA_US = 1000  # the kernel refuses a smaller cfs quota
 
 Lowered = tuple[CpuMax, float, CpuMax]  # the new quota, the cores it releases, the limit before
 
 
-def throttle(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> None:
+def throttle(ctx: PlanContext, before: Planned, line: Waterline, gap: float, ranked: Ranked) -> Decision:
     """Close a node metric's gap: precisely where the metric is quantified, else one step and a cool-down."""
+    draft = Draft(before)
     if line.quantified:
-        _throttle_precisely(tick, line, gap, ranked)
+        _throttle_precisely(ctx, draft, line, gap, ranked)
     else:
-        _throttle_one(tick, line, gap, ranked)
+        _throttle_one(ctx, draft, line, gap, ranked)
+    return draft.decision()
 
 
-def _throttle_precisely(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> None:
-    per_unit = tick.per_unit(line.metric)
+def _throttle_precisely(ctx: PlanContext, draft: Draft, line: Waterline, gap: float, ranked: Ranked) -> None:
+    per_unit = ctx.per_unit(line.metric)
     # This tick's earlier throttles (another CPU metric) already count. Aim a
     # margin under the waterline, so measurement noise does not re-trigger;
     # and close what the waiting work will take of the CPU freed.
-    remaining = gap / per_unit + tick.margin - tick.released_cores + tick.absorbing()
+    remaining = gap / per_unit + ctx.margin - draft.released_cores + ctx.absorbing()
     for usage in ranked:
         if remaining < CLOSED_CORES:
             return
-        lowered = lower(tick, usage, want=remaining)
+        lowered = lower(ctx, draft, usage, want=remaining)
         if lowered is not None:
-            emit_throttle(tick, line, usage, lowered, gap_before=remaining * per_unit, per_unit=per_unit)
+            emit_throttle(ctx, draft, line, usage, lowered, gap_before=remaining * per_unit, per_unit=per_unit)
             remaining -= lowered[1]
     if remaining >= CLOSED_CORES:
         detail = f"{fmt(remaining * per_unit)} of the gap stays open: no candidate can release more"
-        tick.block(line.metric, Direction.THROTTLE, "exhausted", detail + tick.holding_note())
+        draft.block(line.metric, Direction.THROTTLE, "exhausted", detail + ctx.holding_note())
 
 
-def _throttle_one(tick: Tick, line: Waterline, gap: float, ranked: Ranked) -> None:
-    fraction = tick.guard.closed_loop_step_percent / 100.0
+def _throttle_one(ctx: PlanContext, draft: Draft, line: Waterline, gap: float, ranked: Ranked) -> None:
+    fraction = ctx.guard.closed_loop_step_percent / 100.0
     for usage in ranked:
-        lowered = lower(tick, usage, fraction=fraction)
+        lowered = lower(ctx, draft, usage, fraction=fraction)
         if lowered is not None:
-            emit_throttle(tick, line, usage, lowered, gap_before=gap, per_unit=None)
-            tick.cooldowns[(line.metric, Direction.THROTTLE)] = tick.guard.cooldown_ticks
+            emit_throttle(ctx, draft, line, usage, lowered, gap_before=gap, per_unit=None)
+            draft.cool(line.metric, Direction.THROTTLE, ctx.guard.cooldown_ticks)
             return
-    tick.block(line.metric, Direction.THROTTLE, "exhausted", "no candidate can release more" + tick.holding_note())
+    draft.block(line.metric, Direction.THROTTLE, "exhausted", "no candidate can release more" + ctx.holding_note())
 
 
-def lower(tick: Tick, usage: WorkloadUsage, want: float = 0.0, fraction: float = 0.0) -> Lowered | None:
+def current_limit(draft: Draft, usage: WorkloadUsage) -> CpuMax | None:
+    """Its limit as this tick has planned it so far."""
+    wid = usage.workload.id
+    planned = draft.quota(wid)
+    if planned is not None:
+        return planned
+    held = draft.throttle(wid)
+    return held.quota if held is not None else usage.cpu_max
+
+
+def lower(
+    ctx: PlanContext, draft: Draft, usage: WorkloadUsage, want: float = 0.0, fraction: float = 0.0
+) -> Lowered | None:
     """Lower by ``want`` cores or ``fraction`` of the usage, at least minChange, down to the floor.
 
     Returns the new quota, the cores it releases and the limit before; None
@@ -84,14 +99,14 @@ def lower(tick: Tick, usage: WorkloadUsage, want: float = 0.0, fraction: float =
         return None  # no cpu controller: nothing to throttle with
     # Its demand: what it used and what it waited for (counted in absorbing()); a
     # workload starved by the others still takes what a throttle frees.
-    used = cores + (tick.unmet(usage) if want and usage.starved_cores else 0.0)
-    guard = tick.guard
+    used = cores + (ctx.unmet(usage, current_limit(draft, usage)) if want and usage.starved_cores else 0.0)
+    guard = ctx.guard
     request = usage.workload.cpu_request_cores or 0.0
     if used - guard.min_quota_cores < CLOSED_CORES or used - request < CLOSED_CORES:
         return None  # at its floor: the common case on a busy node, so decided before any lookup
     wid = usage.workload.id
-    held = tick.throttles.get(wid)
-    current = tick.planned.get(wid)
+    held = draft.throttle(wid)
+    current = draft.quota(wid)
     if current is None:
         current = held.quota if held is not None else own
     if current.quota_us is not None:
@@ -104,7 +119,7 @@ def lower(tick: Tick, usage: WorkloadUsage, want: float = 0.0, fraction: float =
         return None
     # At least minChange, so a big workload is not nudged by a sliver; a small
     # one may give all it has above its floor.
-    target = used - min(room, max(want, used * fraction, tick.min_change))
+    target = used - min(room, max(want, used * fraction, ctx.min_change))
     quota_us = max(round(target * period), math.ceil(floor * period))
     release = used - quota_us / period
     if release <= 0:
@@ -113,7 +128,8 @@ def lower(tick: Tick, usage: WorkloadUsage, want: float = 0.0, fraction: float =
 
 
 def emit_throttle(
-    tick: Tick,
+    ctx: PlanContext,
+    draft: Draft,
     line: Waterline,
     usage: WorkloadUsage,
     lowered: Lowered,
@@ -124,35 +140,49 @@ def emit_throttle(
 ) -> None:
     quota, release, previous = lowered
     workload = usage.workload
-    held = tick.throttles.get(workload.id)
+    held = draft.throttle(workload.id)
     original = held.original if held is not None else usage.cpu_max
     assert original is not None  # lower() checked
-    dry = tick.dry(line)
+    dry = ctx.dry(line)
     how = how or ("precisely" if per_unit is not None else "one step (closed loop)")
-    tick.actions.append(
-        Throttle(
-            workload=workload,
+    draft.act(
+        LeverChange(
+            lever=CPU_QUOTA.name,
+            group=workload.id,
+            target=quota.render_v2(),
+            give_back=original.render_v2(),
+            release=False,
+            holds_back=True,
+            kind="throttle",
             metric=line.metric,
             reason=f"{line.metric} past {fmt(line.threshold)} ({line.objective}): throttle {how}",
+            dry_run=dry,
+            workload=workload,
             gap_before=gap_before,
             predicted_release=None if per_unit is None else release * per_unit,
-            release_cores=release,
-            quota=quota,
-            previous=previous,
-            original=original,
-            dry_run=dry,
+            previous=previous.render_v2(),
+            releases=release,
+            details=(
+                ("quota", cpu_max_data(quota)),
+                ("previous", cpu_max_data(previous)),
+                ("original", cpu_max_data(original)),
+                ("lever", quota_lever_shown(quota, original)),
+                ("release_cores", release),
+            ),
         )
     )
     # Its demand as it was before this throttle: the new limit caps the wait that counts.
-    demand = held.demand_cores if held is not None else tick.demand(usage)
-    tick.planned[workload.id] = quota
-    tick.released_cores += release
+    demand = held.demand_cores if held is not None else ctx.demand(usage, current_limit(draft, usage))
+    draft.quotas[workload.id] = quota
+    draft.released_cores += release
     if not dry:
-        tick.throttles[workload.id] = HeldThrottle(
-            workload_id=workload.id,
-            original=original,
-            quota=quota,
-            reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
-            since=held.since if held is not None else tick.now,
-            demand_cores=demand,
+        draft.set_hold(
+            HeldThrottle(
+                group=workload.id,
+                original=original,
+                quota=quota,
+                reasons=(held.reasons if held is not None else frozenset()) | {line.metric},
+                since=held.since if held is not None else ctx.now,
+                demand_cores=demand,
+            )
         )

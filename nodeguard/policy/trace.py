@@ -3,8 +3,11 @@
 It holds what the plan saw (node readings, waterlines), what it computed
 (gaps by direction, the candidate orders with their sort keys), what it
 decided (actions with predicted releases) and what it did not do and why
-(blocked). Sort keys are shown as the comparators compute them: lower sorts
-first, usages negated so that the largest comes first.
+(blocked), and where protection stands (its phase, and since when). Sort
+keys are shown as the comparators compute them: lower sorts first, usages
+negated so that the largest comes first. A lever change on a workload is an
+action; one on a group that is not a workload (a QoS tier's weight) is listed
+under ``reweighs`` with the candidates it holds back.
 """
 
 from __future__ import annotations
@@ -12,30 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from nodeguard.model.samples import CpuMax
+from nodeguard.model.levers import LeverChange
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import Workload
-from nodeguard.policy.actions import Action, Evict, MemoryRestore, MemoryThrottle, Restore, Throttle
+from nodeguard.policy.actions import Action, Evict
+from nodeguard.policy.holds import HOLD_KINDS
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
+from nodeguard.policy.protect_state import ProtectState, QuotaTrial
 from nodeguard.policy.ranking import ordering
-from nodeguard.policy.state import GuardState, HeldBack, QuotaTrial
-
-
-def _cpu_max(limit: CpuMax) -> dict[str, Any]:
-    return {"quota_us": limit.quota_us, "period_us": limit.period_us, "cores": limit.cores}
-
-
-def _bytes(value: int | None) -> int | str:
-    """A memory.high value as shown: bytes, or "max"."""
-    return "max" if value is None else value
-
-
-def lever(quota: CpuMax, original: CpuMax) -> str:
-    """Which knob a throttle turns: the quota, on the workload's own period or another one."""
-    if quota.period_us != original.period_us:
-        return f"cpu.max quota on a {quota.period_us / 1000:g} ms period"
-    return "cpu.max quota"
+from nodeguard.policy.state import GuardState, HeldBack
 
 
 def _workload(workload: Workload) -> dict[str, Any]:
@@ -49,6 +38,7 @@ def _workload(workload: Workload) -> dict[str, Any]:
 
 
 def _action(action: Action) -> dict[str, Any]:
+    assert action.workload is not None
     data: dict[str, Any] = {
         "kind": action.kind,
         "workload": _workload(action.workload),
@@ -58,28 +48,16 @@ def _action(action: Action) -> dict[str, Any]:
         "predicted_release": action.predicted_release,
         "dry_run": action.dry_run,
     }
-    if isinstance(action, Throttle | Restore):
-        data["quota"] = _cpu_max(action.quota)
-        data["previous"] = _cpu_max(action.previous)
-        data["original"] = _cpu_max(action.original)
-        data["lever"] = lever(action.quota, action.original)
-    if isinstance(action, MemoryThrottle | MemoryRestore):
-        data["lever"] = "memory.high"
-        data["memory_high"] = _bytes(action.high)
-        data["previous"] = _bytes(action.previous)
-        data["original"] = _bytes(action.original)
-    if isinstance(action, MemoryThrottle):
-        data["release_bytes"] = action.release_bytes
-    elif isinstance(action, MemoryRestore):
-        data["full"] = action.full
-    if isinstance(action, Throttle):
-        data["release_cores"] = action.release_cores
-    elif isinstance(action, Restore):
-        data["full"] = action.full
-    elif isinstance(action, Evict):
+    if isinstance(action, Evict):
         data["cores"] = action.cores
         data["memory_bytes"] = action.memory_bytes
+    else:
+        data.update(action.details)
     return data
+
+
+def _on_group(action: Action) -> bool:
+    return isinstance(action, LeverChange) and action.workload is None
 
 
 def _key_part(part: object) -> object:
@@ -99,26 +77,13 @@ def _state(state: GuardState) -> dict[str, Any]:
     def keyed(counts: Mapping[tuple[Any, Any], int]) -> dict[str, int]:
         return {f"{metric}/{direction}": count for (metric, direction), count in counts.items()}
 
+    protect = state.protect
     return {
         "streaks": keyed(state.streaks),
         "cooldowns": keyed(state.cooldowns),
-        "throttles": {
-            wid: {
-                "original": _cpu_max(held.original),
-                "quota": _cpu_max(held.quota),
-                "reasons": sorted(str(m) for m in held.reasons),
-                "since": held.since,
-            }
-            for wid, held in state.throttles.items()
-        },
-        "memory": {
-            wid: {
-                "original": _bytes(held.original),
-                "memory_high": held.high,
-                "reasons": sorted(str(m) for m in held.reasons),
-                "since": held.since,
-            }
-            for wid, held in state.memory.items()
+        **{
+            kind.trace_key: {group: hold.trace() for group, hold in state.holds.get(kind.lever, {}).items()}
+            for kind in HOLD_KINDS
         },
         "evictions": {
             wid: {"metric": str(p.metric), "cores": p.cores, "memory_bytes": p.memory_bytes, "since": p.since}
@@ -126,10 +91,10 @@ def _state(state: GuardState) -> dict[str, Any]:
         },
         "last_eviction": {("dry_run" if dry else "real"): at for dry, at in state.last_eviction.items()},
         "held_back": {wid: _held_back(h) for wid, h in state.held_back.items()},
-        "lowered_weights": {group: {"since": w.since} for group, w in state.lowered.items()},
-        "last_harm": state.last_harm,
-        "quota_trial": _quota_trial(state.quota_trial),
-        "quotas_futile_until": state.quotas_futile_until,
+        "last_harm": protect.last_harm,
+        "quota_trial": _quota_trial(protect.trial),
+        "quotas_futile_until": protect.futile_until,
+        "protect_phase": {"phase": str(protect.phase), "since": protect.since},
     }
 
 
@@ -137,17 +102,19 @@ def _quota_trial(trial: QuotaTrial | None) -> dict[str, Any] | None:
     return None if trial is None else {"since": trial.since, "before_pct": trial.before, "ticks": trial.ticks}
 
 
+def phase_seconds(protect: ProtectState, now: float) -> float | None:
+    """How long protection has been in its phase (None: since before the daemon's first tick)."""
+    return None if protect.since is None else now - protect.since
+
+
 def _protected(plan: Plan) -> list[dict[str, Any]]:
-    """Each protected workload's stall against the protected_cpu_stall objective's target (None without one)."""
+    """Each protected workload's stall against the protected_cpu_stall objective's target (None without one),
+    the levers held for it now (this tick's included) and protection's phase."""
     line = plan.waterlines.get((Metric.PROTECTED_CPU_STALL, "throttle"))
-    # The levers held for it now (this tick's included).
-    levers = [f"cpu weight lowered on {group}" for group in sorted(plan.state.lowered)] + sorted(
-        {
-            lever(held.quota, held.original)
-            for held in plan.state.throttles.values()
-            if Metric.PROTECTED_CPU_STALL in held.reasons
-        }
-    )
+    state = plan.state
+    levers = sorted({hold.lever_shown() for hold in state.every_hold() if Metric.PROTECTED_CPU_STALL in hold.reasons})
+    phase = str(state.protect.phase)
+    seconds = phase_seconds(state.protect, plan.monotonic)
     return [
         {
             "workload": p.workload_id,
@@ -158,6 +125,8 @@ def _protected(plan: Plan) -> list[dict[str, Any]]:
             "harmed": None if line is None or p.stall_pct is None else p.stall_pct > line.threshold,
             "waiting_cores": p.waiting_cores,
             "levers": levers,
+            "phase": phase,
+            "phase_seconds": seconds,
         }
         for p in plan.protected
     ]
@@ -178,7 +147,7 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
     """The plan as plain JSON values; ``candidate_limit`` keeps only the first candidates of each order."""
     released: dict[str, float] = {}
     for action in plan.actions:
-        if action.predicted_release is not None:
+        if action.predicted_release is not None and not _on_group(action):
             metric = str(action.metric)
             released[metric] = released.get(metric, 0.0) + action.predicted_release
     return {
@@ -210,7 +179,7 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
         "candidates": {
             ",".join(names): _candidates(names, ranked[:candidate_limit]) for names, ranked in plan.rankings.items()
         },
-        "actions": [_action(action) for action in plan.actions],
+        "actions": [_action(action) for action in plan.actions if not _on_group(action)],
         "predicted_release": released,
         "blocked": [
             {"metric": str(b.metric), "direction": str(b.direction), "cause": b.cause, "detail": b.detail}
@@ -223,12 +192,13 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
         "reweighs": [
             {
                 "group": r.group,
-                "lower": r.lower,
+                "lower": r.holds_back,
                 "workloads": list(r.workloads),
                 "reason": r.reason,
                 "dry_run": r.dry_run,
             }
-            for r in plan.reweighs
+            for r in plan.changes
+            if r.workload is None
         ],
         "state": _state(plan.state),
     }

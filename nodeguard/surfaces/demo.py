@@ -27,6 +27,7 @@ from rich.text import Text
 from nodeguard.config import Settings
 from nodeguard.daemon import Daemon
 from nodeguard.log import configure
+from nodeguard.model.levers import TERMS
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.policy.stall import covers, stalls, worst
 from nodeguard.scratch_cgroups import ScratchCgroups, created, plan_cgroups
@@ -172,8 +173,8 @@ def view(snapshot: Snapshot, daemon: Daemon, record: Record, remaining: float, d
         table.add_column(column)
     for wid, usage in sorted(snapshot.workloads.items()):
         quota = usage.cpu_max.cores if usage.cpu_max is not None else None
-        levers = [name for name, on in (("weight", any(covers(g, wid) for g in daemon.state.lowered)),
-                                         ("quota", wid in daemon.state.throttles)) if on]  # fmt: skip
+        levers = [TERMS[lever].noun for lever, groups in daemon.state.holds.items()
+                  if any(covers(group, wid) for group in groups)]  # fmt: skip
         table.add_row(
             wid.rsplit("/", 1)[-1],
             str(usage.workload.qos_class),
@@ -268,9 +269,9 @@ def _record(record: Record, daemon: Daemon, snapshot: Snapshot) -> None:
     if stall is not None:
         record.stall.append((t, stall))
     plan = daemon.last_plan
-    acted = {a.workload_id for a in plan.actions if a.kind == "throttle"} if plan is not None else set()
-    if plan is not None:
-        acted |= {wid for r in plan.reweighs if r.lower for wid in r.workloads}
+    # The workloads held back this tick: their own group's, or a group's they are under.
+    holding = [] if plan is None else [c for c in plan.changes if c.holds_back and not c.dry_run]
+    acted = {c.group for c in holding if c.workload is not None} | {wid for c in holding for wid in c.workloads}
     if plan is not None and plan.monotonic == snapshot.monotonic and acted:
         record.touched |= acted
         if record.first_action is None:

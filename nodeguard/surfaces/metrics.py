@@ -117,12 +117,6 @@ class DaemonCollector(Collector):
             {(p.workload_id,): p.stall_pct / 100.0 for p in plan.protected if p.stall_pct is not None},
         )
         yield _gauge(
-            "nodeguard_lowered_weights",
-            "Groups whose CPU weight nodeguard holds at the least for protected_cpu_stall.",
-            [],
-            {(): len(daemon.state.lowered)},
-        )
-        yield _gauge(
             "nodeguard_lever_held_groups",
             "Groups each lever holds back, from the ledger (every registered lever, 0 when it holds none).",
             ["lever"],
@@ -161,44 +155,32 @@ class DaemonCollector(Collector):
         yield _gauge(
             "nodeguard_workload_cpu_quota_cores", "A workload's CPU limit (absent when unlimited).", labels, quota
         )
-        throttles = daemon.state.throttles
-        yield _gauge(
-            "nodeguard_throttled_workloads", "Workloads whose quota nodeguard holds lowered.", [], {(): len(throttles)}
-        )
-        yield _gauge(
-            "nodeguard_throttle_quota_cores",
-            "The quota nodeguard holds on a throttled workload.",
-            ["workload"],
-            {(wid,): held.quota.cores for wid, held in throttles.items() if held.quota.cores is not None},
-        )
-        yield _gauge(
-            "nodeguard_throttle_original_quota_cores",
-            "A throttled workload's original quota (-1: unlimited).",
-            ["workload"],
-            {
-                (wid,): held.original.cores if held.original.cores is not None else -1.0
-                for wid, held in throttles.items()
-            },
-        )
-        held_memory = daemon.state.memory
-        yield _gauge(
-            "nodeguard_memory_throttled_workloads",
-            "Workloads whose memory.high nodeguard holds lowered.",
-            [],
-            {(): len(held_memory)},
-        )
-        yield _gauge(
-            "nodeguard_memory_high_bytes",
-            "The memory.high nodeguard holds on a workload.",
-            ["workload"],
-            {(wid,): float(held.high) for wid, held in held_memory.items()},
-        )
-        yield _gauge(
-            "nodeguard_memory_high_original_bytes",
-            "A memory-throttled workload's original memory.high (-1: max).",
-            ["workload"],
-            {(wid,): -1.0 if held.original is None else float(held.original) for wid, held in held_memory.items()},
-        )
+        yield from self._levers(daemon)
+
+    def _levers(self, daemon: DaemonView) -> Iterator[Metric]:
+        """Each lever's gauges, as its terms name them, from the values the ledger holds."""
+        for lever in daemon.levers.values():
+            terms = lever.terms
+            records = daemon.records.get(terms.name, {})
+            if terms.count_metric is not None:
+                yield _gauge(terms.count_metric, f"Groups whose {terms.noun} nodeguard holds lowered.", [],
+                             {(): len(records)})  # fmt: skip
+            if terms.value_metric is not None:
+                values = {(group,): lever.number(r.applied) for group, r in records.items()}
+                yield _gauge(
+                    terms.value_metric,
+                    f"The {terms.noun} nodeguard holds on a group, in {terms.unit}.",
+                    ["workload"],
+                    {key: value for key, value in values.items() if value is not None},
+                )
+            if terms.original_metric is not None:
+                originals = {(group,): lever.number(r.original) for group, r in records.items()}
+                yield _gauge(
+                    terms.original_metric,
+                    f"A held group's original {terms.noun}, in {terms.unit} (-1: no limit).",
+                    ["workload"],
+                    {key: -1.0 if value is None else value for key, value in originals.items()},
+                )
 
     def _actuation(self, daemon: DaemonView) -> Iterator[Metric]:
         actions = daemon.actions

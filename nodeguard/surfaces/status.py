@@ -7,21 +7,23 @@ from typing import Any
 
 from nodeguard import __version__
 from nodeguard.actuators.ledger import Ledger
+from nodeguard.actuators.levers.base import Lever
 from nodeguard.daemon import Daemon
-from nodeguard.policy.trace import plan_to_data
+from nodeguard.policy.trace import phase_seconds, plan_to_data
 
 
-def held_view(ledger: Ledger, lever: str) -> dict[str, dict[str, Any]]:
-    """One lever's records as /status shows them."""
+def held_view(ledger: Ledger, lever: Lever) -> dict[str, dict[str, Any]]:
+    """One lever's records as /status shows them: the values as the ledger keeps them, and for people."""
     return {
         group: {
             "original": r.original,
             "applied": r.applied,
+            "shown": {"original": lever.shown(r.original), "applied": lever.shown(r.applied)},
             "reason": r.reason,
             "since": r.changed_at,
             "children": {p: {"original": c.original, "applied": c.applied} for p, c in r.children.items()},
         }
-        for group, r in ledger.of(lever).items()
+        for group, r in ledger.of(lever.name).items()
     }
 
 
@@ -46,10 +48,11 @@ def status_of(daemon: Daemon) -> dict[str, Any]:
             "load1": None if snapshot.node.load is None else snapshot.node.load.load1,
         },
         "plan": None if daemon.last_plan is None else plan_to_data(daemon.last_plan, candidate_limit=10),
-        "held": {name: held_view(daemon.ledger, name) for name in daemon.levers},
-        "throttles": held_view(daemon.ledger, "cpu.max"),
-        "weights": held_view(daemon.ledger, "cpu.weight"),
-        "memory": held_view(daemon.ledger, "memory.high"),
+        "held": {name: held_view(daemon.ledger, lever) for name, lever in daemon.levers.items()},
+        "protection": {
+            "phase": str(daemon.state.protect.phase),
+            "phaseSeconds": phase_seconds(daemon.state.protect, time.monotonic()),
+        },
         "heldBack": {
             wid: {
                 "error": h.error,

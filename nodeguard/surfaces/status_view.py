@@ -40,11 +40,6 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return str(value)
 
 
-def _cores(limit: str) -> str:
-    quota, _, period = limit.partition(" ")
-    return "max" if quota == "max" else f"{int(quota) / int(period or 100000):.2f}"
-
-
 def render(status: dict[str, Any]) -> Group:
     plan = status.get("plan") or {}
     head = Table.grid(padding=(0, 2))
@@ -80,13 +75,13 @@ def render(status: dict[str, Any]) -> Group:
             _fmt(line.get("restore_below")),
             _fmt(gap),
         )
-    throttles = Table(title="throttled workloads", expand=True)
-    for column in ("workload", "original", "now", "reason"):
+    throttles = Table(title="held back", expand=True)
+    for column in ("group", "lever", "original", "now", "reason"):
         throttles.add_column(column)
-    for wid, held in sorted((status.get("throttles") or {}).items()):
-        throttles.add_row(wid, _cores(held["original"]), _cores(held["applied"]), held["reason"])
-    for wid, held in sorted((status.get("memory") or {}).items()):
-        throttles.add_row(wid, f"memory.high {held['original']}", f"memory.high {held['applied']}", held["reason"])
+    for lever, groups in sorted((status.get("held") or {}).items()):
+        for group, held in sorted(groups.items()):
+            shown = held.get("shown") or {"original": held["original"], "applied": held["applied"]}
+            throttles.add_row(group, lever, shown["original"], shown["applied"], held["reason"])
     gate = status.get("gate") or {}
     gate_table = Table(title="gate", expand=True)
     gate_table.add_column("state")

@@ -19,6 +19,8 @@ from typing import Literal, Protocol
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.errors import ActuationRefused, NodeguardError
 from nodeguard.log import get_logger
+from nodeguard.model.levers import LeverTerms
+from nodeguard.model.snapshot import WorkloadUsage
 
 log = get_logger("nodeguard.levers")
 
@@ -56,8 +58,9 @@ def refusal(path: str, filename: str, exc: OSError | ActuationRefused) -> WriteR
 class Lever(Protocol):
     """One lever on one cgroup hierarchy; see the module docstring for what is shared."""
 
-    name: str  # its key in the ledger, e.g. "cpu.max"
-    noun: str  # what its value is called in messages: "quota", "weight"
+    terms: LeverTerms  # what it is called: ledger key, noun, Events, metrics (nodeguard.model.levers)
+    name: str  # its key in the ledger, e.g. "cpu.max" (terms.name)
+    noun: str  # what its value is called in messages: "quota", "weight" (terms.noun)
     version: Version
     writer: CgroupWriter
 
@@ -85,6 +88,22 @@ class Lever(Protocol):
 
     def restricts(self, value: str, than: str) -> bool:
         """Does ``value`` hold a group back more than ``than`` does?"""
+        ...
+
+    def strongest(self, group: str) -> str:
+        """The value that holds the group back the most this lever can (what a change with no target asks)."""
+        ...
+
+    def seen(self, usage: WorkloadUsage) -> str | None:
+        """The group's value as a snapshot's workload shows it; None when the snapshot does not say (read it)."""
+        ...
+
+    def shown(self, value: str) -> str:
+        """A value for people: "0.5 cores", "256 MiB", "weight 2"."""
+        ...
+
+    def number(self, value: str) -> float | None:
+        """A value in the unit of the lever's gauges (terms.unit); None for no limit."""
         ...
 
     def file_of(self, write: Write) -> str:

@@ -22,7 +22,9 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.levers.base import Version, Write, note_drift, refusal
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import get_logger
+from nodeguard.model.levers import CPU_QUOTA
 from nodeguard.model.samples import CpuMax
+from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.sources.cgroupfs import parse_cfs_quota, parse_cpu_max
 
 log = get_logger("nodeguard.quota")
@@ -98,8 +100,9 @@ def ordered_writes(
 class QuotaLever:
     """CFS bandwidth limits of a workload and of the descendants kubelet limited too (v1)."""
 
-    name = "cpu.max"
-    noun = "quota"
+    terms = CPU_QUOTA
+    name = CPU_QUOTA.name
+    noun = CPU_QUOTA.noun
 
     def __init__(self, writer: CgroupWriter, version: str) -> None:
         self.writer = writer
@@ -126,6 +129,19 @@ class QuotaLever:
 
     def restricts(self, value: str, than: str) -> bool:
         return rate_above(parse_cpu_max(than), parse_cpu_max(value))
+
+    def strongest(self, group: str) -> str:
+        raise ValueError("a quota is always asked for by value")
+
+    def seen(self, usage: WorkloadUsage) -> str | None:
+        return None if usage.cpu_max is None else usage.cpu_max.render_v2()
+
+    def shown(self, value: str) -> str:
+        cores = parse_cpu_max(value).cores
+        return "unlimited" if cores is None else f"{cores:.3g} cores"
+
+    def number(self, value: str) -> float | None:
+        return parse_cpu_max(value).cores
 
     def limited_descendants(self, workload_id: str) -> dict[str, CpuMax]:
         """v1: the descendants of a workload that carry a quota of their own (v2 needs none of this)."""

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.levers.base import Version, Write, refusal, writes_back
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
+from nodeguard.model.levers import CPU_WEIGHT
+from nodeguard.model.snapshot import WorkloadUsage
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +46,9 @@ IDLE_FILE = "cpu.idle"
 class WeightLever:
     """A group's CPU weight, lowered to the kernel's least so it yields to a protected workload at once."""
 
-    name = "cpu.weight"
-    noun = "weight"
+    terms = CPU_WEIGHT
+    name = CPU_WEIGHT.name
+    noun = CPU_WEIGHT.noun
 
     def __init__(self, writer: CgroupWriter, version: str) -> None:
         self.writer = writer
@@ -104,6 +107,23 @@ class WeightLever:
 
     def restricts(self, value: str, than: str) -> bool:
         return int(value) < int(than)
+
+    def strongest(self, group: str) -> str:
+        """The least weight, asking the group's files whether the kernel has cpu.idle (when not known yet);
+        the file's least where they cannot say."""
+        try:
+            return str(self.least_for(group))
+        except (CgroupGone, OSError, ActuationRefused, ParseError):
+            return str(self.least)
+
+    def seen(self, usage: WorkloadUsage) -> str | None:
+        return None  # snapshots do not read weights
+
+    def shown(self, value: str) -> str:
+        return "idle" if int(value) == IDLE and self.version == "v2" else f"weight {value}"
+
+    def number(self, value: str) -> float | None:
+        return float(value)
 
     @property
     def main_file(self) -> str:

@@ -38,11 +38,11 @@ from collections.abc import Mapping, Sequence
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.levers.base import Version, Write, refusal, writes_back
 from nodeguard.errors import ActuationRefused, ParseError
+from nodeguard.model.levers import MEMORY_HIGH
+from nodeguard.model.snapshot import WorkloadUsage
 
 FILE = "memory.high"
 UNLIMITED = "max"
-# The policy's values are multiples of this: a whole number of pages wherever Linux runs (4, 16 and 64 KiB pages).
-GRANULE = 64 << 10
 
 
 def high_bytes(value: str) -> int | None:
@@ -58,8 +58,9 @@ def high_text(value: int | None) -> str:
 class MemoryHighLever:
     """A workload's ``memory.high``: lowered to hold its memory back without the OOM killer (cgroup v2 only)."""
 
-    name = FILE
-    noun = FILE
+    terms = MEMORY_HIGH
+    name = MEMORY_HIGH.name
+    noun = MEMORY_HIGH.noun
 
     def __init__(self, writer: CgroupWriter, version: str) -> None:
         self.writer = writer
@@ -105,6 +106,21 @@ class MemoryHighLever:
     def restricts(self, value: str, than: str) -> bool:
         mine, theirs = high_bytes(value), high_bytes(than)
         return mine is not None and (theirs is None or mine < theirs)
+
+    def strongest(self, group: str) -> str:
+        raise ValueError("memory.high is always asked for by value")
+
+    def seen(self, usage: WorkloadUsage) -> str | None:
+        high = usage.memory_high
+        return None if high is None else (UNLIMITED if high == float("inf") else str(int(high)))
+
+    def shown(self, value: str) -> str:
+        number = high_bytes(value)
+        return UNLIMITED if number is None else f"{number / (1 << 20):.4g} MiB"
+
+    def number(self, value: str) -> float | None:
+        number = high_bytes(value)
+        return None if number is None else float(number)
 
     def file_of(self, write: Write) -> str:
         return FILE

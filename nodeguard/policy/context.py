@@ -1,11 +1,10 @@
-"""The tick context: what one plan() call reads, and what its features have planned so far.
+"""The plan's context: what one plan() call reads, worked out once and shared by its features.
 
-The features (throttle, evict, restore and refill, protect) run in the order
-planner.plan() gives them and share this context: the readings and the
-waterlines, the candidates and their rankings (computed when a feature first
-asks, so a calm tick does no work per workload), and this tick's own ledger
-(quotas planned, cores and memory released, evictions, what is blocked and
-why). It is scratch for one call and never outlives it.
+The readings and the waterlines, the gaps and streaks, the candidates and
+their rankings (computed when a feature first asks, so a calm tick does no
+work per workload), the groups held back after refused writes, and what the
+node's waiting work would take of CPU freed now. Nothing here is decided:
+what the features decide goes into their ``Decision`` (policy.decisions).
 """
 
 from __future__ import annotations
@@ -14,18 +13,17 @@ from collections.abc import Callable, Iterator, Mapping
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
-from nodeguard.policy.actions import Action, Blocked, Cause
+from nodeguard.policy.decisions import Draft
 from nodeguard.policy.gaps import compute_gaps
+from nodeguard.policy.holds import HOLD_KINDS, HeldMemory, HeldThrottle
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import Ranked, ordering
 from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.stall import ProtectedStalls, covers, is_protected
-from nodeguard.policy.state import STREAK_CAP, Direction, GuardState, HeldMemory, Key, PendingEviction
+from nodeguard.policy.state import Direction, GuardState, MetricDirection, PendingEviction
+from nodeguard.policy.tuning import STREAK_CAP
 from nodeguard.policy.waterlines import Waterline, waterlines_for
 
-# A gap under one millicore (Kubernetes' smallest CPU unit) is closed: quotas
-# are whole microseconds, and rounding must not touch one more workload.
-CLOSED_CORES = 1e-3
 METRIC_ORDER = {metric: index for index, metric in enumerate(CAPABILITIES)}
 
 
@@ -72,8 +70,8 @@ class Readings(Mapping[Metric, float | None]):
         return repr(dict(self))
 
 
-class Tick:
-    """Scratch for one plan() call, shared by its features."""
+class PlanContext:
+    """What one plan() call reads; its features share it and decide apart."""
 
     def __init__(self, snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> None:
         self.snapshot = snapshot
@@ -92,12 +90,24 @@ class Tick:
         self.min_change = guard.min_change_percent / 100.0 * self.node.cpus
         self.margin = guard.target_margin_percent / 100.0 * self.node.cpus
 
-        held = (*state.throttles, *(wid for wid in state.memory if wid not in state.throttles))
-        self.departed = tuple(wid for wid in held if wid not in self.workloads)
-        self.throttles = {wid: h for wid, h in state.throttles.items() if wid in self.workloads}
+        # Holds of workloads that left: given back (the executor), and no longer in the state.
+        departed = {
+            group: None
+            for kind in HOLD_KINDS
+            if kind.on_workload
+            for group in state.holds.get(kind.lever, {})
+            if group not in self.workloads
+        }
+        self.departed = tuple(departed)
+        gone = set(self.departed)
+        self.holds = {
+            lever: {group: hold for group, hold in groups.items() if group not in gone}
+            for lever, groups in state.holds.items()
+        }
+        self.throttles: Mapping[str, HeldThrottle] = self.holds.get(HeldThrottle.lever, {})  # type: ignore[assignment]
+        self.memory_held: Mapping[str, HeldMemory] = self.holds.get(HeldMemory.lever, {})  # type: ignore[assignment]
         self.held_before = bool(self.throttles)
-        self.memory: dict[str, HeldMemory] = {wid: h for wid, h in state.memory.items() if wid in self.workloads}
-        self.memory_before = bool(self.memory)
+        self.memory_before = bool(self.memory_held)
         timeout = guard.evictions.termination_timeout_seconds
         self.evictions: dict[str, PendingEviction] = {}
         expired = []
@@ -117,24 +127,15 @@ class Tick:
         }
         self.holding = {wid for wid, h in self.held_back.items() if h.until > self.now}
 
-        self.gaps = compute_gaps(self.readings, self.lines, bool(self.throttles) or self.memory_before)
+        self.gaps = compute_gaps(self.readings, self.lines, self.held_before or self.memory_before)
         self.streaks = self._streaks()
         self.cooling = {key for key, ticks in state.cooldowns.items() if ticks > 0}
         self.cooldowns = {key: ticks - 1 for key, ticks in state.cooldowns.items() if ticks > 1}
 
-        self.actions: list[Action] = []
-        self.blocked: list[Blocked] = []
         self.rankings: dict[tuple[str, ...], Ranked] = {}
         self._candidates: list[WorkloadUsage] | None = None
         self._unknown: dict[Resource, list[str]] = {}
-        self.planned: dict[str, CpuMax] = {}  # quotas lowered this tick
         self._absorbing: tuple[float, float] | None = None  # (cores freed CPU goes to, share of waits that is demand)
-        self.released_cores = 0.0  # by this tick's throttles and evictions
-        self.released_memory = 0  # by this tick's evictions
-        self.throttled_memory = 0  # what this tick's memory.high cuts may release (policy.memory)
-        self.evicted: set[str] = set()
-        self.evicted_count = {False: 0, True: 0}  # by dry_run
-        self.last_eviction = dict(state.last_eviction)
 
     # --- readings and streaks ------------------------------------------------------
 
@@ -160,9 +161,9 @@ class Tick:
         """Cores between the node's reading and what a throttle aims at (the waterline less the margin)."""
         return (line.threshold - value) / self.per_unit(line.metric) - self.margin
 
-    def _streaks(self) -> dict[Key, int]:
+    def _streaks(self) -> dict[MetricDirection, int]:
         old = self.state.streaks
-        streaks: dict[Key, int] = {}
+        streaks: dict[MetricDirection, int] = {}
         for (metric, action), line in self.lines.items():
             value = self.readings[metric]
             key = (metric, Direction.THROTTLE if action == "throttle" else Direction.EVICT)
@@ -178,14 +179,6 @@ class Tick:
                 streaks[key] = min(STREAK_CAP, old.get(key, 0) + 1) if room else 0
         return streaks
 
-    # --- blocked -------------------------------------------------------------------
-
-    def block(self, metric: Metric, direction: Direction, cause: Cause, detail: str) -> None:
-        self.blocked.append(Blocked(metric, direction, cause, detail))
-
-    def missing_sample(self, metric: Metric, direction: Direction) -> None:
-        self.block(metric, direction, "missing-sample", f"no {metric} sample (first tick, or not available here)")
-
     def dry(self, line: Waterline) -> bool:
         return self.guard.dry_run or line.dry_run
 
@@ -199,6 +192,8 @@ class Tick:
     # --- candidates ----------------------------------------------------------------
 
     def candidates(self) -> list[WorkloadUsage]:
+        """The workloads that may be held back: by class and priority, neither protected, nor asked to leave
+        (before this tick), nor held back after a refused write."""
         if self._candidates is None:
             spec = self.guard.candidates
             classes = frozenset(spec.classes)
@@ -239,80 +234,80 @@ class Tick:
             self._unknown[resource] = ids
         return ids
 
-    def ready(self, line: Waterline, direction: Direction) -> bool:
-        """The circuit breaker, the trigger streak and the cool-down, for a line past its waterline."""
+    def ready(self, line: Waterline, direction: Direction, draft: Draft) -> bool:
+        """The circuit breaker, the trigger streak and the cool-down, for a line past its waterline (why not,
+        into ``draft``)."""
         metric = line.metric
         key = (metric, direction)
         streak = self.streaks.get(key, 0)
         if streak < line.trigger_after:
-            self.block(metric, direction, "confirming", f"past the waterline {streak}/{line.trigger_after} ticks")
+            draft.block(metric, direction, "confirming", f"past the waterline {streak}/{line.trigger_after} ticks")
             return False
         if key in self.cooling:
-            self.block(metric, direction, "cooldown", "measuring the effect of the last action")
+            draft.block(metric, direction, "cooldown", "measuring the effect of the last action")
             return False
         missing = self.unknown(CAPABILITIES[metric].resource)
         if missing:
             shown = ", ".join(missing[:3]) + (" …" if len(missing) > 3 else "")
-            self.block(metric, direction, "missing-sample", f"{len(missing)} candidate(s) without usage yet: {shown}")
+            draft.block(metric, direction, "missing-sample", f"{len(missing)} candidate(s) without usage yet: {shown}")
             return False
         return True
 
-    def gap_to_close(self, line: Waterline, direction: Direction) -> float | None:
+    def gap_to_close(self, line: Waterline, direction: Direction, draft: Draft) -> float | None:
         """The line's gap when it is to be acted on now (a sample, past its waterline, ready); else None."""
         metric = line.metric
         if self.readings[metric] is None:
-            self.missing_sample(metric, direction)
+            draft.missing_sample(metric, direction)
             return None
         gaps = self.gaps.throttle_down if direction is Direction.THROTTLE else self.gaps.evict
         gap = gaps.get(metric)
-        if gap is None or not self.ready(line, direction):
+        if gap is None or not self.ready(line, direction, draft):
             return None
         return gap
 
     # --- demand: what freed CPU goes to --------------------------------------------
 
-    def current_limit(self, usage: WorkloadUsage) -> CpuMax | None:
-        wid = usage.workload.id
-        planned = self.planned.get(wid)
-        if planned is not None:
-            return planned
-        held = self.throttles.get(wid)
-        return held.quota if held is not None else usage.cpu_max
-
-    def _waiting(self, usage: WorkloadUsage, candidate: bool = True) -> float:
-        """What it would take of freed CPU, in cores, as far as its own limit lets it: for a candidate the wait of
-        its never-sleeping threads; for a workload the throttles make room for (protected, more important), all
-        its threads waited for, as it is the one to get the room."""
+    def _waiting(self, usage: WorkloadUsage, limit: CpuMax | None, candidate: bool = True) -> float:
+        """What it would take of freed CPU, in cores, as far as its own ``limit`` lets it: for a candidate the
+        wait of its never-sleeping threads; for a workload the throttles make room for (protected, more
+        important), all its threads waited for, as it is the one to get the room."""
         waiting = usage.starved_cores if candidate else usage.waiting_cores
         if not waiting or usage.cores is None:
             return 0.0
-        limit = self.current_limit(usage)
         cores = None if limit is None else limit.cores
         return waiting if cores is None else min(waiting, max(0.0, cores - usage.cores))
 
+    def limit_before(self, usage: WorkloadUsage) -> CpuMax | None:
+        """Its limit as the tick found it: nodeguard's hold, else its own."""
+        held = self.throttles.get(usage.workload.id)
+        return held.quota if held is not None else usage.cpu_max
+
     def absorbing(self) -> float:
-        """Cores that CPU freed now would go to: what runnable workloads waited for, past the node's idle CPU.
+        """Cores that CPU freed now would go to: what runnable workloads waited for, past the node's idle CPU,
+        within the limits the tick found.
 
         Waits on a node with idle CPU are wake-up latency, not unmet demand.
         """
         if self._absorbing is None:
             candidates = {u.workload.id for u in self.candidates()}
             waiting = sum(
-                self._waiting(u, wid in candidates) for wid, u in self.workloads.items() if wid not in self.evictions
+                self._waiting(u, self.limit_before(u), wid in candidates)
+                for wid, u in self.workloads.items()
+                if wid not in self.evictions
             )
             idle = self.idle_cores()
             absorbing = max(0.0, waiting - idle)
             self._absorbing = (absorbing, absorbing / waiting if waiting > 0 else 0.0)
         return self._absorbing[0]
 
-    def unmet(self, usage: WorkloadUsage) -> float:
-        """The part of its wait that is demand the node did not meet."""
+    def unmet(self, usage: WorkloadUsage, limit: CpuMax | None) -> float:
+        """The part of its wait (within ``limit``, its limit now) that is demand the node did not meet."""
         self.absorbing()
         assert self._absorbing is not None
-        return self._absorbing[1] * self._waiting(usage)
+        return self._absorbing[1] * self._waiting(usage, limit)
 
-    def demand(self, usage: WorkloadUsage) -> float | None:
-        return None if usage.cores is None else usage.cores + self.unmet(usage)
+    def demand(self, usage: WorkloadUsage, limit: CpuMax | None) -> float | None:
+        return None if usage.cores is None else usage.cores + self.unmet(usage, limit)
 
     def idle_cores(self) -> float:
         return max(0.0, self.node.cpus - (self.node.cores_used or float(self.node.cpus)))
