@@ -1,4 +1,4 @@
-"""Snapshots and settings for policy tests, built directly from the model dataclasses."""
+"""Snapshots and settings for policy tests, built directly from the model dataclasses; a plan's changes read back."""
 
 from __future__ import annotations
 
@@ -6,10 +6,15 @@ from collections.abc import Iterable
 from types import MappingProxyType
 from typing import Any
 
+from nodeguard.model.levers import CPU_QUOTA, MEMORY_HIGH, LeverChange
 from nodeguard.model.samples import CpuMax, CpuStat, LoadAverage, MemInfo, ProcStatCpu, Psi, PsiLine
 from nodeguard.model.snapshot import NodeUsage, Snapshot, WorkloadUsage
 from nodeguard.model.workloads import QosClass, Workload
+from nodeguard.policy.actions import Action
+from nodeguard.policy.holds import memory_value
+from nodeguard.policy.planner import Plan
 from nodeguard.policy.settings import GuardSettings
+from nodeguard.sources.cgroupfs import parse_cpu_max
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -104,3 +109,71 @@ def cpu_throttle(threshold: float | str = 6.0, restore: float | str = 5.0, **ext
         "restoreAfter": 1,
         **extra,
     }
+
+
+# --- a plan's lever changes, read back as typed values ---------------------------------------------------------
+
+
+def changes(p: Plan, kind: str) -> list[LeverChange]:
+    """The plan's lever changes of one kind (throttle, restore, memory_throttle, memory_restore, reweigh)."""
+    return [c for c in p.changes if c.kind == kind]
+
+
+def throttles(p: Plan) -> list[LeverChange]:
+    return changes(p, "throttle")
+
+
+def restores(p: Plan) -> list[LeverChange]:
+    return changes(p, "restore")
+
+
+def reweighs(p: Plan) -> list[LeverChange]:
+    return changes(p, "reweigh")
+
+
+def _change(action: Action, lever: str) -> LeverChange:
+    assert isinstance(action, LeverChange) and action.lever == lever, action
+    return action
+
+
+def _given(text: str | None) -> str:
+    assert text is not None, "the change names this value"
+    return text
+
+
+def quota(action: Action) -> CpuMax:
+    """The cpu.max a quota change writes."""
+    return parse_cpu_max(_given(_change(action, CPU_QUOTA.name).target))
+
+
+def previous_quota(action: Action) -> CpuMax:
+    """The cpu.max the plan took the workload to have before the change."""
+    return parse_cpu_max(_given(_change(action, CPU_QUOTA.name).previous))
+
+
+def original_quota(action: Action) -> CpuMax:
+    """The cpu.max before nodeguard first changed it: what the ledger gives back."""
+    return parse_cpu_max(_given(_change(action, CPU_QUOTA.name).give_back))
+
+
+def released_cores(action: Action) -> float:
+    """The cores a quota change releases."""
+    return _given_float(_change(action, CPU_QUOTA.name).releases)
+
+
+def _given_float(value: float | None) -> float:
+    assert value is not None, "the change names what it releases"
+    return value
+
+
+def high(action: Action) -> int | None:
+    """The memory.high a memory change writes (None: "max")."""
+    return memory_value(_given(_change(action, MEMORY_HIGH.name).target))
+
+
+def previous_high(action: Action) -> int | None:
+    return memory_value(_given(_change(action, MEMORY_HIGH.name).previous))
+
+
+def original_high(action: Action) -> int | None:
+    return memory_value(_given(_change(action, MEMORY_HIGH.name).give_back))

@@ -6,11 +6,11 @@ import pytest
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.workloads import QosClass
-from nodeguard.policy.actions import Restore, Throttle
+from nodeguard.policy.holds import HeldThrottle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan, plan
-from nodeguard.policy.state import GuardState, HeldThrottle
-from tests.policy.builders import cpu_throttle, guard, snapshot, usage
+from nodeguard.policy.state import GuardState
+from tests.policy.builders import cpu_throttle, guard, quota, restores, snapshot, throttles, usage
 
 POD_LIMIT = CpuMax(150000)
 CPU = Metric.CPU_TOTAL_USAGE
@@ -28,7 +28,7 @@ def elastic_node(burner_waiting: float | None, important_waiting: float | None =
 
 def predicted_node(p: Plan, workloads: list) -> float:  # type: ignore[type-arg]
     """Node CPU once everyone took what they wanted within their (new) limits: demand = usage + wait."""
-    quotas = {a.workload_id: a.quota.cores for a in p.actions if isinstance(a, Throttle)}
+    quotas = {a.workload_id: quota(a).cores for a in throttles(p)}
     total = 0.0
     for u in workloads:
         demand = u.cores + ((u.waiting_cores if u.workload.id == "g" else u.starved_cores) or 0.0)
@@ -41,7 +41,7 @@ def test_one_tick_covers_what_the_others_would_take() -> None:
     """On a saturated node the throttles leave room for the waiting work to expand and still land under the line."""
     workloads = elastic_node(burner_waiting=0.72)
     p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
-    throttled = [a.workload_id for a in p.actions if isinstance(a, Throttle)]
+    throttled = [a.workload_id for a in throttles(p)]
     assert "g" not in throttled
     assert len(throttled) == 6, "every burner would take what another gives up"
     assert predicted_node(p, workloads) == pytest.approx(1.4, abs=0.02), "closes the gap, no more"
@@ -52,7 +52,7 @@ def test_without_wait_figures_it_lowers_what_the_usage_says() -> None:
     """With no wait known (first tick, or none measured) the plan is the usage-only one: fewer throttles."""
     workloads = elastic_node(burner_waiting=None, important_waiting=None)
     p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
-    assert len([a for a in p.actions if isinstance(a, Throttle)]) < 6
+    assert len(throttles(p)) < 6
 
 
 def test_waits_on_a_node_with_idle_cpu_are_latency_not_demand() -> None:
@@ -63,7 +63,7 @@ def test_waits_on_a_node_with_idle_cpu_are_latency_not_demand() -> None:
         snapshot([usage(f"w{i}", cores=0.5, priority=-i) for i in range(4)], cpus=4, cores_used=2.5),
         GuardState(), guard(cpu_throttle(2.0, 1.5)),
     )  # fmt: skip
-    assert [(a.workload_id, a.quota) for a in quiet.actions] == [(a.workload_id, a.quota) for a in none.actions]
+    assert [(a.workload_id, quota(a)) for a in quiet.actions] == [(a.workload_id, quota(a)) for a in none.actions]
 
 
 def test_a_starved_candidate_is_capped_too() -> None:
@@ -72,7 +72,7 @@ def test_a_starved_candidate_is_capped_too() -> None:
     starved = usage("be-starved", cores=0.01, waiting=0.99, cpu_max=POD_LIMIT, priority=-10)
     busy = [usage(f"bu{i}", qos=QosClass.BURSTABLE, cores=0.66, waiting=0.34, cpu_max=POD_LIMIT) for i in range(3)]
     p = plan(snapshot([starved, *busy], cpus=2, cores_used=2.0), GuardState(), SETTINGS)
-    quotas = {a.workload_id: a.quota for a in p.actions if isinstance(a, Throttle)}
+    quotas = {a.workload_id: quota(a) for a in throttles(p)}
     assert quotas["be-starved"] == CpuMax(5000)
 
 
@@ -82,7 +82,7 @@ def test_a_held_throttle_does_not_count_as_waiting_to_expand() -> None:
     others = [usage(f"w{i}", cores=0.6, priority=-i) for i in range(3)]
     with_it = plan(snapshot([held_back_by_quota, *others], cpus=2, cores_used=1.9), GuardState(), SETTINGS)
     without = plan(snapshot(others, cpus=2, cores_used=1.9), GuardState(), SETTINGS)
-    assert [(a.workload_id, a.quota) for a in with_it.actions] == [(a.workload_id, a.quota) for a in without.actions]
+    assert [(a.workload_id, quota(a)) for a in with_it.actions] == [(a.workload_id, quota(a)) for a in without.actions]
 
 
 def test_room_left_under_the_waterline_goes_back_to_starved_throttled_work() -> None:
@@ -99,11 +99,11 @@ def test_room_left_under_the_waterline_goes_back_to_starved_throttled_work() -> 
         usage("calm", cores=0.1, waiting=None, cpu_max=CpuMax(30000)),
     ]
     settings = guard(cpu_throttle(1.4, 1.0, triggerAfter=2), targetMarginPercent=1, restoreStepPercent=10)
-    state = GuardState(throttles=held)
+    state = GuardState.holding(*held.values())
     first = plan(snapshot(workloads, cpus=2, cores_used=1.2), state, settings)
     assert not first.actions, "confirming first: triggerAfter ticks with room"
     second = plan(snapshot(workloads, cpus=2, cores_used=1.2, monotonic=101.0), first.state, settings)
-    raised = {a.workload_id: a.quota for a in second.actions if isinstance(a, Restore)}
+    raised = {a.workload_id: quota(a) for a in restores(second)}
     assert set(raised) == {"be1"}, "the most important starved workload, not the sleeping one"
     assert raised["be1"] == CpuMax(39000), "half the room: 1.4 less the 1 % margin (0.02) less 1.2 is 0.18: 0.09"
     assert "starved" in second.actions[0].reason
@@ -114,11 +114,11 @@ def test_no_refill_within_min_change_of_the_aim_or_past_the_waterline() -> None:
     held = {"be": HeldThrottle("be", POD_LIMIT, CpuMax(30000), frozenset({CPU}), 0.0, demand_cores=1.0)}
     workloads = [usage("be", cores=0.3, waiting=0.7, cpu_max=CpuMax(30000))]
     settings = guard(cpu_throttle(1.4, 1.0), targetMarginPercent=1, minChangePercent=2)
-    state = GuardState(throttles=held)
+    state = GuardState.holding(*held.values())
     for used in (1.35, 1.5):
         result = plan(snapshot(workloads, cpus=2, cores_used=used), state, settings)
         result = plan(snapshot(workloads, cpus=2, cores_used=used, monotonic=101.0), result.state, settings)
-        assert not [a for a in result.actions if isinstance(a, Restore)], used
+        assert not restores(result), used
 
 
 def test_a_refill_never_releases_a_starved_workload_past_the_room() -> None:
@@ -127,14 +127,14 @@ def test_a_refill_never_releases_a_starved_workload_past_the_room() -> None:
     held = {"be": HeldThrottle("be", POD_LIMIT, CpuMax(71000), frozenset({CPU}), 0.0, demand_cores=0.72)}
     workloads = [usage("be", cores=0.71, waiting=0.29, cpu_max=CpuMax(71000))]
     settings = guard(cpu_throttle(1.4, 0.9, restoreAfter=1), targetMarginPercent=1)
-    result = plan(snapshot(workloads, cpus=2, cores_used=1.28), GuardState(throttles=held), settings)
-    [step] = [a for a in result.actions if isinstance(a, Restore)]
-    assert not step.full and step.quota == CpuMax(71000 + 5000), "half of 0.1 cores of room, not the original"
+    result = plan(snapshot(workloads, cpus=2, cores_used=1.28), GuardState.holding(*held.values()), settings)
+    [step] = restores(result)
+    assert not step.release and quota(step) == CpuMax(71000 + 5000), "half of 0.1 cores of room, not the original"
 
 
 def test_a_throttle_remembers_the_demand_before_it() -> None:
     """A starved burner's recorded demand is its usage plus its unmet wait, not what its new limit lets it wait."""
     workloads = elastic_node(burner_waiting=0.72)
     p = plan(snapshot(workloads, cpus=2, cores_used=2.0), GuardState(), SETTINGS)
-    demands = {wid: held.demand_cores for wid, held in p.state.throttles.items()}
+    demands = {wid: held.demand_cores for wid, held in p.state.held(HeldThrottle).items()}
     assert demands and all(d == pytest.approx(0.28 + 0.72, abs=0.05) for d in demands.values()), demands

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from nodeguard.policy.actions import Throttle
 from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState, HeldBack, held_back_after
 from nodeguard.policy.trace import plan_to_data
-from tests.policy.builders import cpu_throttle, guard, snapshot, usage
+from tests.policy.builders import cpu_throttle, guard, snapshot, throttles, usage
 
 TEN = [usage(f"w{i}", cores=1.0, priority=-i) for i in range(10)]
 
@@ -17,7 +16,7 @@ def hold(wid: str, until: float, failures: int = 1) -> HeldBack:
 
 def throttled(state: GuardState, now: float = 100.0) -> list[str]:
     result = plan(snapshot(TEN, cores_used=7.5, monotonic=now), state, guard(cpu_throttle(6.0, 5.0)))
-    return [a.workload_id for a in result.actions if isinstance(a, Throttle)]
+    return [a.workload_id for a in throttles(result)]
 
 
 def test_held_back_workloads_are_skipped_and_the_next_ones_close_the_gap() -> None:

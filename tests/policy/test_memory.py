@@ -6,17 +6,31 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from nodeguard.model.levers import MEMORY_HIGH
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot, WorkloadUsage
 from nodeguard.model.workloads import QosClass
-from nodeguard.policy.actions import Evict, MemoryRestore, MemoryThrottle, Restore
-from nodeguard.policy.memory import GRANULE
+from nodeguard.policy.actions import Evict
+from nodeguard.policy.holds import HeldMemory, HeldThrottle
 from nodeguard.policy.metrics import Metric
-from nodeguard.policy.outcome import QuotaOutcome, Refusal, Unchanged, after_pass
+from nodeguard.policy.outcome import Applied, Refusal, fold
 from nodeguard.policy.planner import Plan, plan
 from nodeguard.policy.settings import GuardSettings
-from nodeguard.policy.state import Direction, GuardState, HeldMemory, HeldThrottle
-from tests.policy.builders import GiB, MiB, cpu_throttle, guard, snapshot, usage
+from nodeguard.policy.state import Direction, GuardState
+from nodeguard.policy.tuning import GRANULE
+from tests.policy.builders import (
+    GiB,
+    MiB,
+    changes,
+    cpu_throttle,
+    guard,
+    high,
+    original_high,
+    previous_high,
+    restores,
+    snapshot,
+    usage,
+)
 
 UTIL = Metric.MEMORY_TOTAL_UTILIZATION
 
@@ -41,8 +55,12 @@ def down(value: float) -> int:
     return int(value) // GRANULE * GRANULE
 
 
-def lowered(p: Plan) -> dict[str, int]:
-    return {a.workload_id: a.high for a in p.actions if isinstance(a, MemoryThrottle)}
+def lowered(p: Plan) -> dict[str, int | None]:
+    return {a.workload_id: high(a) for a in changes(p, "memory_throttle")}
+
+
+def raised(p: Plan) -> list[int | None]:
+    return [high(a) for a in changes(p, "memory_restore")]
 
 
 def causes(p: Plan) -> set[tuple[Metric, Direction, str]]:
@@ -61,20 +79,20 @@ def test_the_gap_is_closed_by_the_largest_least_important_candidate_alone() -> N
     p = plan(node, GuardState(), settings(mem_throttle()))
     gap = 14 * GiB - 0.8 * 16 * GiB
     assert lowered(p) == {"big": down(4 * GiB - gap)}
-    [action] = [a for a in p.actions if isinstance(a, MemoryThrottle)]
-    assert action.previous is None and action.original is None
+    [action] = changes(p, "memory_throttle")
+    assert previous_high(action) is None and original_high(action) is None
     assert action.predicted_release is not None and action.predicted_release >= 100.0 * gap / (16 * GiB)
-    assert p.state.memory["big"].high == down(4 * GiB - gap)
-    assert p.state.memory["big"].original is None
+    assert p.state.held(HeldMemory)["big"].high == down(4 * GiB - gap)
+    assert p.state.held(HeldMemory)["big"].original is None
 
 
 def test_kubelets_memory_qos_value_is_the_original() -> None:
     """A memory.high kubelet set (Memory QoS) is lowered from, and kept as the original to give back."""
     node = at(14 * GiB, mem("big", 4 * GiB, high=5 * GiB))
     p = plan(node, GuardState(), settings(mem_throttle()))
-    [action] = [a for a in p.actions if isinstance(a, MemoryThrottle)]
-    assert (action.previous, action.original) == (5 * GiB, 5 * GiB)
-    assert p.state.memory["big"].original == 5 * GiB
+    [action] = changes(p, "memory_throttle")
+    assert (previous_high(action), original_high(action)) == (5 * GiB, 5 * GiB)
+    assert p.state.held(HeldMemory)["big"].original == 5 * GiB
 
 
 def test_never_below_the_request_the_next_candidate_takes_the_rest() -> None:
@@ -113,19 +131,19 @@ def test_a_workload_the_kernel_could_not_reclaim_down_to_its_limit_is_not_lowere
     candidate is lowered and the hold stays as it is."""
     held = HeldMemory("big", None, 3 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
     node = at(14 * GiB, mem("big", 4 * GiB, high=3 * GiB), mem("next", 2 * GiB))
-    p = plan(node, GuardState(memory={"big": held}), settings(mem_throttle()))
+    p = plan(node, GuardState.holding(held), settings(mem_throttle()))
     assert set(lowered(p)) == {"next"}
-    assert p.state.memory["big"] == held
+    assert p.state.held(HeldMemory)["big"] == held
 
 
 def test_a_held_workload_that_was_reclaimed_down_is_lowered_from_its_limit() -> None:
     """Usage at its held memory.high (the kernel reclaimed its cache): the next cut starts from the held value."""
     held = HeldMemory("big", None, 3 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
     node = at(14 * GiB, mem("big", 3 * GiB, high=3 * GiB))
-    p = plan(node, GuardState(memory={"big": held}), settings(mem_throttle()))
+    p = plan(node, GuardState.holding(held), settings(mem_throttle()))
     gap = 14 * GiB - 0.8 * 16 * GiB
     assert lowered(p) == {"big": down(3 * GiB - gap)}
-    assert p.state.memory["big"].original is None and p.state.memory["big"].since == 50.0
+    assert p.state.held(HeldMemory)["big"].original is None and p.state.held(HeldMemory)["big"].since == 50.0
 
 
 def test_on_cgroup_v1_the_objective_is_blocked_with_its_cause_and_eviction_stays() -> None:
@@ -149,8 +167,8 @@ def test_a_dry_run_throttle_holds_nothing() -> None:
     """A dry-run memory objective plans the change but the state holds no memory.high."""
     node = at(14 * GiB, mem("big", 4 * GiB))
     p = plan(node, GuardState(), settings(mem_throttle(dryRun=True)))
-    assert [a.dry_run for a in p.actions if isinstance(a, MemoryThrottle)] == [True]
-    assert p.state.memory == {}
+    assert [a.dry_run for a in changes(p, "memory_throttle")] == [True]
+    assert p.state.held(HeldMemory) == {}
 
 
 def test_restore_raises_a_step_when_calm_and_releases_to_the_exact_original() -> None:
@@ -158,24 +176,24 @@ def test_restore_raises_a_step_when_calm_and_releases_to_the_exact_original() ->
     held = HeldMemory("big", 5 * GiB, 2 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
     node = at(8 * GiB, mem("big", 2 * GiB, high=2 * GiB))
     step = guard(mem_throttle(), memory={"restoreStepPercent": 5})
-    p = plan(node, GuardState(memory={"big": held}), step)
-    [first] = [a for a in p.actions if isinstance(a, MemoryRestore)]
-    assert not first.full and first.high == 2 * GiB + down(0.05 * 16 * GiB)
+    p = plan(node, GuardState.holding(held), step)
+    [first] = changes(p, "memory_restore")
+    assert not first.release and high(first) == 2 * GiB + down(0.05 * 16 * GiB)
     big_step = guard(mem_throttle(), memory={"restoreStepPercent": 50})
-    p = plan(node, GuardState(memory={"big": held}), big_step)
-    [last] = [a for a in p.actions if isinstance(a, MemoryRestore)]
-    assert last.full and last.high == 5 * GiB  # kubelet's value, not the demand it was capped at
-    assert p.state.memory == {}
+    p = plan(node, GuardState.holding(held), big_step)
+    [last] = changes(p, "memory_restore")
+    assert last.release and high(last) == 5 * GiB  # kubelet's value, not the demand it was capped at
+    assert p.state.held(HeldMemory) == {}
 
 
 def test_no_restore_in_the_dead_band() -> None:
     """Between restoreBelow and the waterline a held memory.high stays where it is, and the plan says why."""
     held = HeldMemory("big", None, 2 * GiB, frozenset({UTIL}), 50.0, 4 * GiB)
     node = at(12 * GiB, mem("big", 2 * GiB, high=2 * GiB))
-    p = plan(node, GuardState(memory={"big": held}), settings(mem_throttle()))
-    assert not [a for a in p.actions if isinstance(a, MemoryRestore)]
+    p = plan(node, GuardState.holding(held), settings(mem_throttle()))
+    assert raised(p) == []
     assert (UTIL, Direction.RESTORE, "dead-band") in causes(p)
-    assert p.state.memory["big"].high == 2 * GiB
+    assert p.state.held(HeldMemory)["big"].high == 2 * GiB
 
 
 def test_a_refused_write_holds_the_workload_back_and_the_next_candidate_closes_the_gap() -> None:
@@ -184,9 +202,9 @@ def test_a_refused_write_holds_the_workload_back_and_the_next_candidate_closes_t
     rules = settings(mem_throttle())
     first = plan(node, GuardState(), rules)
     assert set(lowered(first)) == {"big"}
-    refused = Unchanged(refused={"big": Refusal("EINVAL", "memory.high", "Invalid argument")})
-    after = after_pass(first, GuardState(), QuotaOutcome(memory=refused))
-    assert set(after.refused) == {"big"} and "big" not in after.state.memory
+    refused = {(MEMORY_HIGH.name, "big"): Refusal("EINVAL", "memory.high", "Invalid argument")}
+    after = fold(first, GuardState(), Applied(refused=refused))
+    assert set(after.refused) == {"big"} and "big" not in after.state.held(HeldMemory)
     again = plan(node, GuardState().with_held_back(after.refused), rules)
     assert set(lowered(again)) == {"next"}
 
@@ -195,8 +213,8 @@ def test_a_memory_throttle_does_not_hold_back_cpu_restores() -> None:
     """Quotas held for CPU still come back while only a memory line is past its waterline."""
     cpu = HeldThrottle("big", CpuMax(None), CpuMax(100_000, 100_000), frozenset({Metric.CPU_TOTAL_USAGE}), 10.0)
     node = at(14 * GiB, mem("big", 4 * GiB, cores=1.0), cores_used=1.0)
-    p = plan(node, GuardState(throttles={"big": cpu}), settings(mem_throttle(), cpu_throttle(6.0, 5.0)))
-    assert [a.workload_id for a in p.actions if isinstance(a, Restore)] == ["big"]
+    p = plan(node, GuardState.holding(cpu), settings(mem_throttle(), cpu_throttle(6.0, 5.0)))
+    assert [a.workload_id for a in restores(p)] == ["big"]
     assert set(lowered(p)) == {"big"}
 
 
@@ -245,11 +263,11 @@ def test_memory_stall_holds_come_back_a_step_at_a_time_once_calm() -> None:
     held = HeldMemory("stream", None, GiB, frozenset({Metric.PROTECTED_MEMORY_STALL}), 50.0, 2 * GiB)
     node = at(6 * GiB, gold(0.5), mem("stream", GiB, high=GiB))
     rules = guard(mem_protect(), memory={"restoreStepPercent": 1})
-    p = plan(node, GuardState(memory={"stream": held}), rules)
-    [step] = [a for a in p.actions if isinstance(a, MemoryRestore)]
-    assert not step.full and step.high == GiB + down(0.01 * 16 * GiB) and step.predicted_release is None
+    p = plan(node, GuardState.holding(held), rules)
+    [step] = changes(p, "memory_restore")
+    assert not step.release and high(step) == GiB + down(0.01 * 16 * GiB) and step.predicted_release is None
     again = plan(node, p.state, rules)
-    assert not [a for a in again.actions if isinstance(a, MemoryRestore)]
+    assert raised(again) == []
     assert (Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "cooldown") in causes(again)
 
 
@@ -264,19 +282,16 @@ def test_a_memory_stall_hold_stays_while_its_stream_still_presses_against_it() -
         stream = mem("stream", used, high=GiB)._replace(memory_stall_pct=stall)
         return plan(at(6 * GiB, gold(0.5), stream, monotonic=now), state, rules)
 
-    def raised(p: Plan) -> list[int | None]:
-        return [a.high for a in p.actions if isinstance(a, MemoryRestore)]
-
-    pressing = tick(GuardState(memory={"stream": held}), 100.0, GiB, 3.0)
+    pressing = tick(GuardState.holding(held), 100.0, GiB, 3.0)
     assert raised(pressing) == []
     assert (Metric.PROTECTED_MEMORY_STALL, Direction.RESTORE, "contended") in causes(pressing)
-    assert pressing.state.memory["stream"].pressed == 100.0
+    assert pressing.state.held(HeldMemory)["stream"].pressed == 100.0
     quiet = tick(pressing.state, 105.0, GiB, 0.0)  # a tick without a stall of its own: not stopped yet
-    assert raised(quiet) == [] and quiet.state.memory["stream"].pressed == 100.0
+    assert raised(quiet) == [] and quiet.state.held(HeldMemory)["stream"].pressed == 100.0
     assert raised(tick(quiet.state, 110.5, GiB, 0.0)) == [GiB + down(0.01 * 16 * GiB)]
     # Never pressed: well below its value (stalled or not), or at it without a stall, it comes back at once.
     for used, stall in ((GiB // 2, 3.0), (GiB, 0.0)):
-        assert raised(tick(GuardState(memory={"stream": held}), 100.0, used, stall)) == [GiB + down(0.01 * 16 * GiB)]
+        assert raised(tick(GuardState.holding(held), 100.0, used, stall)) == [GiB + down(0.01 * 16 * GiB)]
 
 
 def test_a_pressed_hold_is_given_back_once_a_reload_removes_the_objective() -> None:
@@ -284,10 +299,10 @@ def test_a_pressed_hold_is_given_back_once_a_reload_removes_the_objective() -> N
     any more, so it rises a step that tick ("no memory objective holds it"), pressed or not."""
     held = HeldMemory("stream", None, GiB, frozenset({Metric.PROTECTED_MEMORY_STALL}), 50.0, 2 * GiB, pressed=99.0)
     stream = mem("stream", GiB, high=GiB)._replace(memory_stall_pct=3.0)
-    p = plan(at(6 * GiB, gold(0.5), stream), GuardState(memory={"stream": held}), guard(cpu_throttle(),
+    p = plan(at(6 * GiB, gold(0.5), stream), GuardState.holding(held), guard(cpu_throttle(),
              memory={"restoreStepPercent": 1}))  # fmt: skip
-    [step] = [a for a in p.actions if isinstance(a, MemoryRestore)]
-    assert step.high == GiB + down(0.01 * 16 * GiB) and "no memory objective holds it" in step.reason
+    [step] = changes(p, "memory_restore")
+    assert high(step) == GiB + down(0.01 * 16 * GiB) and "no memory objective holds it" in step.reason
 
 
 def test_protected_memory_needs_cgroup_v2_too() -> None:
@@ -303,14 +318,14 @@ def test_holds_no_memory_objective_asks_for_are_given_back_a_step_a_tick() -> No
     now, rises by restoreStepPercent of node memory a tick and goes back to its exact original."""
     held = HeldMemory("big", None, 2 * GiB, frozenset(), 50.0, None)
     node = at(14 * GiB, mem("big", 2 * GiB, high=2 * GiB))  # past any waterline: none is configured
-    state = GuardState(memory={"big": held})
+    state = GuardState.holding(held)
     highs = []
     for _ in range(20):
         p = plan(node, state, guard(cpu_throttle(), memory={"restoreStepPercent": 25}))
-        [action] = [a for a in p.actions if isinstance(a, MemoryRestore)]
+        [action] = changes(p, "memory_restore")
         assert "no memory objective holds it" in action.reason
-        highs.append(action.high)
+        highs.append(high(action))
         state = p.state
-        if not state.memory:
+        if not state.held(HeldMemory):
             break
     assert highs == [2 * GiB + 4 * GiB, 2 * GiB + 8 * GiB, 2 * GiB + 12 * GiB, None]

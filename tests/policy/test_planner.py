@@ -9,16 +9,32 @@ import pytest
 
 from nodeguard.config import parse_document
 from nodeguard.errors import ConfigError
+from nodeguard.model.levers import LeverChange
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot, WorkloadUsage
 from nodeguard.model.workloads import QosClass
-from nodeguard.policy.actions import Evict, Restore, Throttle
+from nodeguard.policy.actions import Evict
+from nodeguard.policy.holds import HeldThrottle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan, plan
 from nodeguard.policy.ranking import CPU_USAGE_SORTER
 from nodeguard.policy.settings import GuardSettings
-from nodeguard.policy.state import Direction, GuardState, HeldThrottle, PendingEviction
-from tests.policy.builders import UNLIMITED, GiB, MiB, cpu_throttle, guard, snapshot, usage
+from nodeguard.policy.state import Direction, GuardState, PendingEviction
+from tests.policy.builders import (
+    UNLIMITED,
+    GiB,
+    MiB,
+    cpu_throttle,
+    guard,
+    original_quota,
+    previous_quota,
+    quota,
+    released_cores,
+    restores,
+    snapshot,
+    throttles,
+    usage,
+)
 
 CPU = Metric.CPU_TOTAL_USAGE
 MEM = Metric.MEMORY_TOTAL_USAGE
@@ -34,7 +50,7 @@ def run(snapshots: Iterable[Snapshot], settings: GuardSettings, state: GuardStat
 
 
 def throttled(p: Plan) -> list[str]:
-    return [a.workload_id for a in p.actions if isinstance(a, Throttle)]
+    return [a.workload_id for a in throttles(p)]
 
 
 def evicted(p: Plan) -> list[str]:
@@ -93,14 +109,14 @@ def test_gap_worth_two_throttles_exactly_the_top_two(
     assert throttled(p) == expected
     released = sum(a.predicted_release or 0.0 for a in p.actions)
     assert released == pytest.approx(cores_used - 6.0, abs=1e-3)
-    assert set(p.state.throttles) == set(expected)
+    assert set(p.state.held(HeldThrottle)) == set(expected)
 
 
 def test_throttle_quota_keeps_the_floor() -> None:
     """A throttle never sets a quota below the workload's request nor below minQuotaCores."""
     workloads = [usage("req", cores=2.0, request=0.8, started_at=2.0), usage("tiny", cores=2.0, started_at=1.0)]
     [p] = run([snapshot(workloads, cores_used=8.0)], guard(cpu_throttle(2.0, 1.0), minQuotaCores=0.1))
-    quotas = {a.workload_id: a.quota.cores for a in p.actions if isinstance(a, Throttle)}
+    quotas = {a.workload_id: quota(a).cores for a in throttles(p)}
     assert quotas == {"req": pytest.approx(0.8), "tiny": pytest.approx(0.1)}
     assert causes(p) == {(CPU, Direction.THROTTLE, "exhausted")}
 
@@ -110,32 +126,32 @@ def test_throttle_keeps_the_period_and_an_existing_lower_limit() -> None:
     own = CpuMax(150_000, 50_000)  # 3 cores
     [p] = run([snapshot([usage("w", cores=3.4, cpu_max=own)], cores_used=7.0)], guard(cpu_throttle(6.0, 5.0)))
     [action] = p.actions
-    assert isinstance(action, Throttle)
-    assert action.previous == own and action.original == own
-    assert action.quota == CpuMax(100_000, 50_000)  # 3 cores (usage counted up to the limit) - 1
-    assert action.release_cores == pytest.approx(1.0)
+    assert isinstance(action, LeverChange) and action.kind == "throttle"
+    assert previous_quota(action) == own and original_quota(action) == own
+    assert quota(action) == CpuMax(100_000, 50_000)  # 3 cores (usage counted up to the limit) - 1
+    assert released_cores(action) == pytest.approx(1.0)
 
 
 def test_already_throttled_workload_is_lowered_further() -> None:
     """A throttled workload can be lowered again; its original limit stays the one first recorded."""
-    state = GuardState(throttles={"w": held("w", 1.0)})
+    state = GuardState.holding(held("w", 1.0))
     snap = snapshot([usage("w", cores=1.0, cpu_max=CpuMax(100_000))], cores_used=6.5)
     [p] = run([snap], guard(cpu_throttle(6.0, 5.0)), state)
     [action] = p.actions
-    assert isinstance(action, Throttle)
-    assert action.previous == CpuMax(100_000)
-    assert action.quota == CpuMax(50_000)
-    assert action.original == UNLIMITED
-    assert p.state.throttles["w"].original == UNLIMITED
-    assert p.state.throttles["w"].quota == CpuMax(50_000)
+    assert isinstance(action, LeverChange) and action.kind == "throttle"
+    assert previous_quota(action) == CpuMax(100_000)
+    assert quota(action) == CpuMax(50_000)
+    assert original_quota(action) == UNLIMITED
+    assert p.state.held(HeldThrottle)["w"].original == UNLIMITED
+    assert p.state.held(HeldThrottle)["w"].quota == CpuMax(50_000)
 
 
 def test_small_remaining_gap_still_moves_at_least_min_change() -> None:
     """The last workload is lowered by at least minChangePercent of the node, so tiny writes never happen."""
     [p] = run([snapshot(TEN_LOW, cores_used=6.1)], guard(cpu_throttle(6.0, 5.0), minChangePercent=5))
     [action] = p.actions
-    assert isinstance(action, Throttle)
-    assert action.release_cores == pytest.approx(0.4)  # 5 % of 8 cores, more than the 0.1 gap
+    assert isinstance(action, LeverChange) and action.kind == "throttle"
+    assert released_cores(action) == pytest.approx(0.4)  # 5 % of 8 cores, more than the 0.1 gap
 
 
 # --- evict ---------------------------------------------------------------------------
@@ -273,26 +289,29 @@ def test_trigger_after_counts_consecutive_ticks() -> None:
 def test_restore_after_counts_consecutive_calm_ticks() -> None:
     """A restore comes only after restoreAfter consecutive ticks below the restore waterline."""
     settings = guard(cpu_throttle(6.0, 5.0, restoreAfter=3))
-    state = GuardState(throttles={"w0": held("w0", 0.5)})
+    state = GuardState.holding(held("w0", 0.5))
     calm, band = snapshot(TEN_LOW, cores_used=2.0), snapshot(TEN_LOW, cores_used=5.5)
     plans = run([calm, calm, band, calm, calm, calm], settings, state)
-    restored = [any(isinstance(a, Restore) for a in p.actions) for p in plans]
+    restored = [bool(restores(p)) for p in plans]
     assert restored == [False, False, False, False, False, True]
     assert (CPU, Direction.RESTORE, "dead-band") in causes(plans[2])
 
 
 def test_closed_loop_metric_acts_on_one_workload_then_cools_down() -> None:
     """load_average (not quantified) throttles one workload per action, then waits cooldownTicks before measuring."""
-    settings = guard({"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 1}, cooldownTicks=2)
+    settings = guard(
+        {"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 1},
+        cooldownTicks=2,
+    )
     hot = snapshot(TEN_LOW, load1=24.0)  # 3 per core on 8
     plans = run([hot] * 7, settings)
     assert [len(p.actions) for p in plans] == [1, 0, 0, 1, 0, 0, 1]
     assert (Metric.LOAD_AVERAGE, Direction.THROTTLE, "cooldown") in causes(plans[1])
     first = plans[0].actions[0]
-    assert isinstance(first, Throttle)
+    assert isinstance(first, LeverChange) and first.kind == "throttle"
     assert first.workload_id == "w9"
     assert first.predicted_release is None
-    assert first.quota.cores == pytest.approx(0.5)  # closedLoopStepPercent 50 of 1 core
+    assert quota(first).cores == pytest.approx(0.5)  # closedLoopStepPercent 50 of 1 core
 
 
 @pytest.mark.parametrize(
@@ -342,48 +361,48 @@ def test_missing_samples_block_action(objective: dict[str, Any], snap: Snapshot,
 def test_restore_returns_exactly_the_original_and_never_past_it(original: CpuMax) -> None:
     """Restores rise step by step, never above the original limit, and end by writing the original exactly."""
     settings = guard(cpu_throttle(6.0, 5.0), restoreStepPercent=10, minChangePercent=1)
-    state = GuardState(
-        throttles={"w0": HeldThrottle("w0", original, CpuMax(10_000, original.period_us), frozenset({CPU}), 0.0)}
-    )
+    state = GuardState.holding(HeldThrottle("w0", original, CpuMax(10_000, original.period_us), frozenset({CPU}), 0.0))
     calm = snapshot(TEN_LOW, cores_used=1.0)
     ceiling = min(original.cores or 8.0, 8.0)
     plans = run([calm] * 20, settings, state)
-    restores = [a for p in plans for a in p.actions if isinstance(a, Restore)]
-    assert all((r.quota.cores or 8.0) <= ceiling + 1e-9 for r in restores)
-    assert all(r.quota.cores is None or r.quota.cores - (r.previous.cores or 0) <= 0.8 + 1e-9 for r in restores)
-    assert restores[-1].full and restores[-1].quota == original
-    assert [r.full for r in restores].count(True) == 1
-    assert plans[-1].state.throttles == {}
+    raised = [a for p in plans for a in restores(p)]
+    for r in raised:
+        cores = quota(r).cores
+        assert (cores or 8.0) <= ceiling + 1e-9
+        assert cores is None or cores - (previous_quota(r).cores or 0) <= 0.8 + 1e-9
+    assert raised[-1].release and quota(raised[-1]) == original
+    assert [r.release for r in raised].count(True) == 1
+    assert plans[-1].state.held(HeldThrottle) == {}
 
 
 def test_restore_most_important_first_within_the_step() -> None:
     """Restores go to the most important throttled workload first, and all of them share one step per tick."""
     settings = guard(cpu_throttle(6.0, 5.0), restoreStepPercent=10)  # 0.8 cores per tick
     workloads = [usage("be", cores=0.1), usage("bu", qos=QosClass.BURSTABLE, cores=0.1)]
-    state = GuardState(throttles={"be": held("be", 0.1), "bu": held("bu", 0.1)})
+    state = GuardState.holding(held("be", 0.1), held("bu", 0.1))
     [p] = run([snapshot(workloads, cores_used=1.0)], settings, state)
     [action] = p.actions
-    assert isinstance(action, Restore)
+    assert isinstance(action, LeverChange) and action.kind == "restore"
     assert action.workload_id == "bu"
-    assert action.quota.cores == pytest.approx(0.9)
-    assert not action.full
+    assert quota(action).cores == pytest.approx(0.9)
+    assert not action.release
 
 
 def test_restore_step_limited_by_the_up_gap() -> None:
     """A restore raises quotas by no more than the throttle-up gap."""
     settings = guard(cpu_throttle(6.0, 5.0), restoreStepPercent=50)
-    state = GuardState(throttles={"w0": held("w0", 0.1)})
+    state = GuardState.holding(held("w0", 0.1))
     [p] = run([snapshot(TEN_LOW, cores_used=4.7)], settings, state)
     [action] = p.actions
-    assert isinstance(action, Restore)
-    assert action.quota.cores == pytest.approx(0.4)
+    assert isinstance(action, LeverChange) and action.kind == "restore"
+    assert quota(action).cores == pytest.approx(0.4)
     assert action.predicted_release == pytest.approx(-0.3)
 
 
 def test_restore_skips_changes_under_min_change() -> None:
     """A step smaller than minChangePercent of the node is not written."""
     settings = guard(cpu_throttle(6.0, 5.0), minChangePercent=5)  # 0.4 cores
-    state = GuardState(throttles={"w0": held("w0", 0.1)})
+    state = GuardState.holding(held("w0", 0.1))
     [p] = run([snapshot(TEN_LOW, cores_used=4.8)], settings, state)
     assert p.actions == ()
     assert (CPU, Direction.RESTORE, "step-too-small") in causes(p)
@@ -395,7 +414,7 @@ def test_no_restore_while_any_throttle_waterline_is_past() -> None:
         cpu_throttle(6.0, 5.0),
         {"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 5},
     )
-    state = GuardState(throttles={"w0": held("w0", 0.1)})
+    state = GuardState.holding(held("w0", 0.1))
     [p] = run([snapshot(TEN_LOW, cores_used=1.0, load1=24.0)], settings, state)
     assert p.actions == ()
     assert (Metric.LOAD_AVERAGE, Direction.RESTORE, "throttling") in causes(p)
@@ -403,10 +422,10 @@ def test_no_restore_while_any_throttle_waterline_is_past() -> None:
 
 def test_departed_throttles_are_reported_and_dropped() -> None:
     """A throttled workload that left the node leaves the state and is named for the ledger."""
-    state = GuardState(throttles={"gone": held("gone", 0.5)})
+    state = GuardState.holding(held("gone", 0.5))
     [p] = run([snapshot(TEN_LOW, cores_used=5.5)], guard(cpu_throttle(6.0, 5.0)), state)
     assert p.departed == ("gone",)
-    assert p.state.throttles == {}
+    assert p.state.held(HeldThrottle) == {}
 
 
 # --- candidates, dry run, purity -----------------------------------------------------------
@@ -437,27 +456,27 @@ def test_dry_run_marks_actions_and_holds_nothing(settings: GuardSettings) -> Non
     [p] = run([snapshot(TEN_LOW, cores_used=7.5, memory_used=12 * GiB)], settings)
     assert throttled(p) and evicted(p)
     assert all(a.dry_run for a in p.actions)
-    assert p.state.throttles == {} and p.state.evictions == {}
+    assert p.state.held(HeldThrottle) == {} and p.state.evictions == {}
 
 
 def test_dry_run_restore_keeps_the_throttle() -> None:
     """A restore in dry run leaves the throttle held."""
-    state = GuardState(throttles={"w0": held("w0", 0.5)})
+    state = GuardState.holding(held("w0", 0.5))
     [p] = run([snapshot(TEN_LOW, cores_used=1.0)], guard(cpu_throttle(6.0, 5.0), dryRun=True), state)
     [action] = p.actions
-    assert isinstance(action, Restore) and action.dry_run
-    assert p.state.throttles == state.throttles
+    assert isinstance(action, LeverChange) and action.kind == "restore" and action.dry_run
+    assert p.state.held(HeldThrottle) == state.held(HeldThrottle)
 
 
 def test_plan_is_pure() -> None:
     """The same inputs give the same plan, and the input state is left as it was."""
-    state = GuardState(throttles={"w0": held("w0", 0.5)}, streaks={(CPU, Direction.THROTTLE): 1})
-    before = (dict(state.throttles), dict(state.streaks))
+    state = GuardState.holding(held("w0", 0.5), streaks={(CPU, Direction.THROTTLE): 1})
+    before = (dict(state.held(HeldThrottle)), dict(state.streaks))
     snap = snapshot(TEN_LOW, cores_used=7.5)
     settings = guard(cpu_throttle(6.0, 5.0, triggerAfter=2))
     first, second = plan(snap, state, settings), plan(snap, state, settings)
     assert first.actions == second.actions and first.state == second.state
-    assert (dict(state.throttles), dict(state.streaks)) == before
+    assert (dict(state.held(HeldThrottle)), dict(state.streaks)) == before
 
 
 def test_throttle_order_follows_objective_sort_by() -> None:
@@ -478,33 +497,31 @@ def test_restore_releases_at_once_above_the_usage_before_the_throttle() -> None:
     """A workload whose quota can rise back to what it used before the throttle gets its original limit at once."""
     settings = guard(cpu_throttle(6.0, 5.0), restoreStepPercent=10)  # 0.8 cores per tick
     throttle = HeldThrottle("w0", UNLIMITED, CpuMax(50_000), frozenset({CPU}), 0.0, demand_cores=1.0)
-    [p] = run([snapshot(TEN_LOW, cores_used=1.0)], settings, GuardState(throttles={"w0": throttle}))
+    [p] = run([snapshot(TEN_LOW, cores_used=1.0)], settings, GuardState.holding(throttle))
     [action] = p.actions
-    assert isinstance(action, Restore)
-    assert action.full and action.quota == UNLIMITED
+    assert isinstance(action, LeverChange) and action.kind == "restore"
+    assert action.release and quota(action) == UNLIMITED
     assert action.predicted_release == pytest.approx(-0.5)
-    assert p.state.throttles == {}
+    assert p.state.held(HeldThrottle) == {}
 
 
 def test_throttle_records_the_usage_before_it() -> None:
     """The first throttle records the workload's usage; lowering it again keeps that first figure."""
     snap = snapshot(TEN_LOW, cores_used=6.5)
     [first] = run([snap], guard(cpu_throttle(6.0, 5.0)))
-    assert first.state.throttles["w9"].demand_cores == 1.0
+    assert first.state.held(HeldThrottle)["w9"].demand_cores == 1.0
     [again] = run([snapshot(TEN_LOW, cores_used=6.3)], guard(cpu_throttle(6.0, 5.0)), first.state)
-    assert again.state.throttles["w9"].demand_cores == 1.0
-    assert again.state.throttles["w9"].quota.cores == pytest.approx(0.2)
+    assert again.state.held(HeldThrottle)["w9"].demand_cores == 1.0
+    assert again.state.held(HeldThrottle)["w9"].quota.cores == pytest.approx(0.2)
 
 
 def test_adopted_throttle_without_reasons_is_restored() -> None:
     """A throttle adopted from an older run's ledger, with no known reason, is still restored."""
     throttle = HeldThrottle("w0", CpuMax(100_000), CpuMax(90_000), frozenset(), 0.0)
-    [p] = run(
-        [snapshot(TEN_LOW, cores_used=1.0)], guard(cpu_throttle(6.0, 5.0)), GuardState(throttles={"w0": throttle})
-    )
+    [p] = run([snapshot(TEN_LOW, cores_used=1.0)], guard(cpu_throttle(6.0, 5.0)), GuardState.holding(throttle))
     [action] = p.actions
-    assert isinstance(action, Restore) and action.full
-    assert action.quota == CpuMax(100_000)
+    assert isinstance(action, LeverChange) and action.kind == "restore" and action.release
+    assert quota(action) == CpuMax(100_000)
 
 
 def test_target_margin_lands_under_the_waterline() -> None:

@@ -7,15 +7,27 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nodeguard.model.levers import LeverChange
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QosClass
-from nodeguard.policy.actions import Restore, Throttle
+from nodeguard.policy.holds import HeldThrottle
 from nodeguard.policy.metrics import Metric
-from nodeguard.policy.planner import CLOSED_CORES, plan
+from nodeguard.policy.planner import plan
 from nodeguard.policy.ranking import CPU_USAGE_SORTER
-from nodeguard.policy.state import GuardState, HeldThrottle
-from tests.policy.builders import UNLIMITED, cpu_throttle, guard, snapshot, usage
+from nodeguard.policy.state import GuardState
+from nodeguard.policy.tuning import CLOSED_CORES
+from tests.policy.builders import (
+    UNLIMITED,
+    cpu_throttle,
+    guard,
+    quota,
+    released_cores,
+    restores,
+    snapshot,
+    throttles,
+    usage,
+)
 
 CPUS = 32
 THRESHOLD = 16.0
@@ -42,10 +54,10 @@ gaps = st.floats(0.01, 20.0)
 min_changes = st.sampled_from([0.0, 0.5, 2.0])
 
 
-def throttle_plan(ws: list[WorkloadUsage], gap: float, min_change: float) -> list[Throttle]:
+def throttle_plan(ws: list[WorkloadUsage], gap: float, min_change: float) -> list[LeverChange]:
     settings_ = guard(cpu_throttle(THRESHOLD, THRESHOLD / 2), minChangePercent=min_change)
     p = plan(snapshot(ws, cpus=CPUS, cores_used=THRESHOLD + gap), GuardState(), settings_)
-    return [a for a in p.actions if isinstance(a, Throttle)]
+    return throttles(p)
 
 
 @settings(max_examples=300)
@@ -65,7 +77,7 @@ def test_throttled_set_is_the_minimal_prefix(ws: list[WorkloadUsage], gap: float
             used = min(u.cores or 0.0, (u.cpu_max.cores if u.cpu_max else None) or float("inf"))
             assert used - floor < CLOSED_CORES
     # Without the last one the gap is still open (with none, it is open).
-    assert sum(a.release_cores for a in actions[:-1]) < gap - CLOSED_CORES + 1e-9
+    assert sum(released_cores(a) for a in actions[:-1]) < gap - CLOSED_CORES + 1e-9
 
 
 @settings(max_examples=300)
@@ -73,15 +85,15 @@ def test_throttled_set_is_the_minimal_prefix(ws: list[WorkloadUsage], gap: float
 def test_overshoot_is_less_than_one_step(ws: list[WorkloadUsage], gap: float, min_change: float) -> None:
     """Predicted releases close the gap, or use every candidate, and overshoot it by less than the last step."""
     actions = throttle_plan(ws, gap, min_change)
-    released = sum(a.release_cores for a in actions)
+    released = sum(released_cores(a) for a in actions)
 
-    def writes(found: list[Throttle]) -> list[tuple[str, CpuMax]]:
-        return [(a.workload_id, a.quota) for a in found]
+    def writes(found: list[LeverChange]) -> list[tuple[str, CpuMax]]:
+        return [(a.workload_id, quota(a)) for a in found]
 
     if released >= gap - CLOSED_CORES:  # closed (the gap is never under CLOSED_CORES: something was lowered)
-        assert actions and released - gap < actions[-1].release_cores
-        remaining = gap - sum(a.release_cores for a in actions[:-1])
-        assert actions[-1].release_cores <= max(remaining, min_change / 100 * CPUS) + 1e-4  # whole microseconds
+        assert actions and released - gap < released_cores(actions[-1])
+        remaining = gap - sum(released_cores(a) for a in actions[:-1])
+        assert released_cores(actions[-1]) <= max(remaining, min_change / 100 * CPUS) + 1e-4  # whole microseconds
     else:  # exhausted: every candidate went as low as it can; a larger gap changes nothing
         assert writes(throttle_plan(ws, gap + 1.0, min_change)) == writes(actions)
 
@@ -104,24 +116,20 @@ def test_restores_never_exceed_the_original(original: CpuMax, start: float, usag
     """Whatever the node does, a restored quota never rises above the original limit, and a full restore is exact."""
     settings_ = guard(cpu_throttle(12.0, 10.0), restoreStepPercent=step, minChangePercent=0.5)
     period = original.period_us
-    state = GuardState(
-        throttles={
-            "w": HeldThrottle(
-                "w", original, CpuMax(round(start * period), period), frozenset({Metric.CPU_TOTAL_USAGE}), 0.0
-            )
-        }
+    state = GuardState.holding(
+        HeldThrottle("w", original, CpuMax(round(start * period), period), frozenset({Metric.CPU_TOTAL_USAGE}), 0.0)
     )
     ceiling = min(original.cores or float(CPUS), float(CPUS))
     for cores_used in usages:
-        quota = state.throttles["w"].quota if "w" in state.throttles else original
-        ws = [usage("w", cores=min(quota.cores or 4.0, 4.0), cpu_max=quota)]
+        before = state.held(HeldThrottle).get("w")
+        limit = before.quota if before is not None else original
+        ws = [usage("w", cores=min(limit.cores or 4.0, 4.0), cpu_max=limit)]
         p = plan(snapshot(ws, cpus=CPUS, cores_used=cores_used), state, settings_)
-        for action in p.actions:
-            if isinstance(action, Restore):
-                assert action.full == (action.quota == original)
-                if not action.full:
-                    assert action.quota.cores is not None
-                    assert action.quota.cores < ceiling
+        for action in restores(p):
+            assert action.release == (quota(action) == original)
+            if not action.release:
+                cores = quota(action).cores
+                assert cores is not None and cores < ceiling
         state = p.state
-        held = state.throttles.get("w")  # every tick: held below the original, or released to it exactly
+        held = state.held(HeldThrottle).get("w")  # every tick: held below the original, or released to it exactly
         assert held is None or (held.quota.cores is not None and held.quota.cores < ceiling)

@@ -8,21 +8,36 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from nodeguard.model.levers import LeverChange
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QosClass
-from nodeguard.policy.actions import Restore, Throttle
+from nodeguard.policy.holds import HeldThrottle, LoweredWeight
 from nodeguard.policy.metrics import Metric
-from nodeguard.policy.planner import QUOTA_STREAK_TICKS, QUOTA_TRIAL_TICKS, Plan, plan
+from nodeguard.policy.planner import Plan, plan
+from nodeguard.policy.protect_state import ProtectState
+from nodeguard.policy.settings import ProtectSettings
 from nodeguard.policy.stall import competing_demand, competing_group, stall_share
-from nodeguard.policy.state import Direction, GuardState, HeldBack, LoweredWeight
+from nodeguard.policy.state import Direction, GuardState, HeldBack
 from nodeguard.policy.trace import plan_to_data
 from nodeguard.policy.whatif import what_if
 from nodeguard.surfaces.render import render_plan
-from tests.policy.builders import guard, snapshot, usage
+from tests.policy.builders import (
+    guard,
+    original_quota,
+    previous_quota,
+    quota,
+    restores,
+    reweighs,
+    snapshot,
+    throttles,
+    usage,
+)
 from tests.policy.test_elastic import predicted_node
 
 STALL = Metric.PROTECTED_CPU_STALL
+QUOTA_STREAK_TICKS = ProtectSettings().streak_ticks
+QUOTA_TRIAL_TICKS = ProtectSettings().trial_ticks
 
 
 def stall_objective(**extra: Any) -> dict[str, Any]:
@@ -49,8 +64,11 @@ def busy_node(important_waiting: float, burner_starved: float = 0.72) -> list[Wo
     return [*burners, important]
 
 
-def throttles(p: Plan) -> list[Throttle]:
-    return [a for a in p.actions if isinstance(a, Throttle)]
+def raised_cores(change: LeverChange) -> float:
+    """The cores a quota restore adds."""
+    new, old = quota(change).cores, previous_quota(change).cores
+    assert new is not None and old is not None, change
+    return new - old
 
 
 def test_share_prefers_psi_and_takes_its_own_throttling_off() -> None:
@@ -102,8 +120,8 @@ def test_calm_restores_and_dead_band_holds() -> None:
     assert held.actions == ()
     assert any(b.cause == "dead-band" for b in held.blocked)
     calm = plan(snapshot(busy_node(0.005), cpus=2, cores_used=1.8, monotonic=102.0), state, SETTINGS)
-    raised = [a for a in calm.actions if isinstance(a, Restore)]
-    assert raised and sum(a.quota.cores - a.previous.cores for a in raised) == pytest.approx(0.2), "restoreStep"
+    raised = restores(calm)
+    assert raised and sum(raised_cores(a) for a in raised) == pytest.approx(0.2), "restoreStep"
     again = plan(snapshot(busy_node(0.005), cpus=2, cores_used=1.8, monotonic=103.0), calm.state, SETTINGS)
     assert again.actions == () and any(b.cause == "cooldown" for b in again.blocked), "measures before the next"
 
@@ -147,8 +165,8 @@ def test_the_period_lever_writes_a_short_period() -> None:
     settings = guard(stall_objective(), minQuotaCores=0.05, throttlePeriodUs=10_000, protectLever="quota")
     p = plan(snapshot(busy_node(0.2), cpus=2, cores_used=2.0), GuardState(), settings)
     acted = throttles(p)
-    assert acted and all(a.quota.period_us == 10_000 for a in acted)
-    assert all(a.original == CpuMax(None) for a in acted)
+    assert acted and all(quota(a).period_us == 10_000 for a in acted)
+    assert all(original_quota(a) == CpuMax(None) for a in acted)
 
 
 @pytest.mark.parametrize(
@@ -213,17 +231,17 @@ def test_weights_first_then_quota() -> None:
     """Harm lowers the weight of each tier that competes with the protected pod (no quota touched); still harmed
     once they are all lowered, the quota lever takes over on the QUOTA_STREAK_TICKS-th tick over target in a row."""
     first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
-    assert {r.group for r in first.reweighs if r.lower} == {"kp/burstable", "kp/besteffort"}
-    assert throttles(first) == [] and set(first.state.lowered) == {"kp/burstable", "kp/besteffort"}
+    assert {r.group for r in reweighs(first) if r.holds_back} == {"kp/burstable", "kp/besteffort"}
+    assert throttles(first) == [] and set(first.state.held(LoweredWeight)) == {"kp/burstable", "kp/besteffort"}
     state = dataclasses.replace(first.state, cooldowns={})
     for tick in range(2, QUOTA_STREAK_TICKS):
         waiting = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0, monotonic=99.0 + tick), state, WEIGHT)
-        assert waiting.reweighs == () and throttles(waiting) == []
+        assert reweighs(waiting) == [] and throttles(waiting) == []
         assert any("quotas wait" in b.detail for b in waiting.blocked), waiting.blocked
         state = waiting.state
     last = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0, monotonic=99.0 + QUOTA_STREAK_TICKS), state,
                 WEIGHT)  # fmt: skip
-    assert last.reweighs == () and throttles(last)
+    assert reweighs(last) == [] and throttles(last)
 
 
 def test_a_residual_stall_around_the_target_costs_no_quota() -> None:
@@ -244,7 +262,7 @@ def test_a_group_holding_a_protected_workload_is_never_lowered() -> None:
     settings = guard(stall_objective(protect=["podg", "web"]), minQuotaCores=0.05)
     web = usage("kp/burstable/web", qos=QosClass.BURSTABLE, cores=0.2, waiting=0.0, starved=0.0)
     p = plan(snapshot([*kubelet_node(0.2), web], cpus=2, cores_used=2.0), GuardState(), settings)
-    assert {r.group for r in p.reweighs} == {"kp/besteffort"}
+    assert {r.group for r in reweighs(p)} == {"kp/besteffort"}
 
 
 def test_weights_stay_down_while_the_work_under_them_still_wants_the_cpu() -> None:
@@ -255,7 +273,7 @@ def test_weights_stay_down_while_the_work_under_them_still_wants_the_cpu() -> No
     state = first.state
     for tick in range(5):
         p = plan(snapshot(kubelet_node(0.0), cpus=2, cores_used=2.0, monotonic=161.0 + 30 * tick), state, WEIGHT)
-        assert p.reweighs == () and set(p.state.lowered) == {"kp/burstable", "kp/besteffort"}, tick
+        assert reweighs(p) == [] and set(p.state.held(LoweredWeight)) == {"kp/burstable", "kp/besteffort"}, tick
         assert {b.cause for b in p.blocked if b.direction == Direction.RESTORE} == {"contended"}, p.blocked
         state = p.state
 
@@ -268,11 +286,11 @@ def test_weights_come_back_after_the_hold_once_the_work_under_them_is_quiet() ->
     state = first.state
     for now in (130.0, 140.0, 150.0):  # quiet, but harm was recent
         soon = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=now), state, WEIGHT)
-        assert soon.reweighs == () and set(soon.state.lowered) == {"kp/burstable", "kp/besteffort"}
+        assert reweighs(soon) == [] and set(soon.state.held(LoweredWeight)) == {"kp/burstable", "kp/besteffort"}
         state = soon.state
     later = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=161.0), state, WEIGHT)
-    assert {(r.group, r.lower) for r in later.reweighs} == {("kp/burstable", False), ("kp/besteffort", False)}
-    assert later.state.lowered == {}
+    assert {(r.group, r.holds_back) for r in reweighs(later)} == {("kp/burstable", False), ("kp/besteffort", False)}
+    assert later.state.held(LoweredWeight) == {}
 
 
 def test_one_quiet_or_unknown_tick_under_lasting_contention_puts_no_weight_back() -> None:
@@ -285,11 +303,11 @@ def test_one_quiet_or_unknown_tick_under_lasting_contention_puts_no_weight_back(
     state = busy.state
     for now, node in ((171.0, quiet), (172.0, unknown), (173.0, quiet), (174.0, quiet)):
         p = plan(snapshot(node, cpus=2, cores_used=2.0, monotonic=now), state, WEIGHT)
-        assert p.reweighs == (), now
+        assert reweighs(p) == [], now
         assert any(b.cause == "contended" for b in p.blocked), p.blocked
         state = p.state
     back = plan(snapshot(quiet, cpus=2, cores_used=0.6, monotonic=175.0), state, WEIGHT)
-    assert {r.group for r in back.reweighs if not r.lower} == {"kp/burstable", "kp/besteffort"}
+    assert {r.group for r in reweighs(back) if not r.holds_back} == {"kp/burstable", "kp/besteffort"}
 
 
 def test_a_weight_comes_back_at_once_when_its_candidates_leave() -> None:
@@ -297,7 +315,7 @@ def test_a_weight_comes_back_at_once_when_its_candidates_leave() -> None:
     first = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), GuardState(), WEIGHT)
     gone = [u for u in kubelet_node(0.2) if "besteffort" not in u.workload.id]
     left = plan(snapshot(gone, cpus=2, cores_used=2.0, monotonic=101.0), first.state, WEIGHT)
-    assert [(r.group, r.lower) for r in left.reweighs] == [("kp/besteffort", False)]
+    assert [(r.group, r.holds_back) for r in reweighs(left)] == [("kp/besteffort", False)]
 
 
 def test_competing_demand_is_the_wait_past_the_idle_cpu_without_their_own_throttling() -> None:
@@ -329,11 +347,11 @@ def test_a_group_held_back_after_a_refused_weight_leaves_the_gap_to_the_quota_le
     """While a tier's weight write is held back (the kernel refused it), the planner does not retry it: the
     quota lever closes the harm instead, on the burners in that tier too."""
     hold = HeldBack("kp/burstable", "EACCES", "cpu.shares", "refused", 99.0, 130.0, 1)
-    lowered = {"kp/besteffort": LoweredWeight("kp/besteffort", 90.0, 20.0)}
+    lowered = LoweredWeight("kp/besteffort", 90.0, 20.0)
     streaks = {(STALL, Direction.THROTTLE): QUOTA_STREAK_TICKS}
-    state = GuardState(held_back={"kp/burstable": hold}, lowered=lowered, streaks=streaks)
+    state = GuardState.holding(lowered, held_back={"kp/burstable": hold}, streaks=streaks)
     p = plan(snapshot(kubelet_node(0.2), cpus=2, cores_used=2.0), state, WEIGHT)
-    assert p.reweighs == ()
+    assert reweighs(p) == []
     assert {a.workload_id for a in throttles(p)} & {"kp/burstable/pod0", "kp/burstable/pod1"}
     assert [h.workload_id for h in p.held_back] == ["kp/burstable"], "the hold shows in the plan"
 
@@ -341,9 +359,9 @@ def test_a_group_held_back_after_a_refused_weight_leaves_the_gap_to_the_quota_le
 def quotas_after_weights(after: float) -> tuple[Plan, list[Plan]]:
     """The quota lever's first throttle (weights long down, the stall at 6 % for a streak), then QUOTA_TRIAL_TICKS
     ticks at ``after`` (a share of a tick) with those quotas held."""
-    lowered = {g: LoweredWeight(g, 0.0, 20.0) for g in ("kp/burstable", "kp/besteffort")}
-    state = GuardState(lowered=lowered, streaks={(STALL, Direction.THROTTLE): QUOTA_STREAK_TICKS},
-                       recent_stall=(6.0,) * (QUOTA_STREAK_TICKS - 1))  # fmt: skip
+    lowered = [LoweredWeight(g, 0.0, 20.0) for g in ("kp/burstable", "kp/besteffort")]
+    state = GuardState.holding(*lowered, streaks={(STALL, Direction.THROTTLE): QUOTA_STREAK_TICKS},
+                               protect=ProtectState(recent_stall=(6.0,) * (QUOTA_STREAK_TICKS - 1)))  # fmt: skip
     first = plan(snapshot(kubelet_node(0.06), cpus=2, cores_used=2.0, monotonic=100.0), state, WEIGHT)
     later, state = [], first.state
     for tick in range(1, QUOTA_TRIAL_TICKS + 1):
@@ -357,15 +375,16 @@ def test_quotas_that_do_not_cut_the_stall_go_back_and_stay_off() -> None:
     """Quotas set after the weights are judged after QUOTA_TRIAL_TICKS: a stall they left where it was (6 %) gets
     every one of them released, and the quota lever stays off (weights down) for weightHoldSeconds."""
     first, later = quotas_after_weights(0.06)
-    assert throttles(first) and first.state.quota_trial is not None and first.state.quota_trial.before == 6.0
+    trial = first.state.protect.trial
+    assert throttles(first) and trial is not None and trial.before == 6.0
     judged = later[-1]
-    released = {a.workload_id for a in judged.actions if isinstance(a, Restore) and a.full}
-    assert released and released == set(first.state.throttles) | {
+    released = {a.workload_id for a in restores(judged) if a.release}
+    assert released and released == set(first.state.held(HeldThrottle)) | {
         a.workload_id for p in later[:-1] for a in throttles(p)
     }, "every quota set for the stall goes back"
-    assert judged.state.throttles == {} and judged.state.quotas_futile_until == 100.0 + QUOTA_TRIAL_TICKS + 60
+    assert judged.state.held(HeldThrottle) == {} and judged.state.protect.futile_until == 100.0 + QUOTA_TRIAL_TICKS + 60
     assert any(b.cause == "futile" for b in judged.blocked)
-    assert all("did not cut" in a.reason for a in judged.actions if isinstance(a, Restore))
+    assert all("did not cut" in a.reason for a in restores(judged))
     state, causes = judged.state, set()
     for tick in range(1, 6):  # still harmed: past any cool-down, the quota lever says why it waits
         nxt = plan(snapshot(kubelet_node(0.06), cpus=2, cores_used=2.0, monotonic=110.0 + tick), state, WEIGHT)
@@ -373,7 +392,7 @@ def test_quotas_that_do_not_cut_the_stall_go_back_and_stay_off() -> None:
         causes |= {b.cause for b in nxt.blocked}
         state = nxt.state
     assert "futile" in causes, causes
-    assert state.lowered.keys() == {"kp/burstable", "kp/besteffort"}, "the weights stay down"
+    assert state.held(LoweredWeight).keys() == {"kp/burstable", "kp/besteffort"}, "the weights stay down"
 
 
 def test_quotas_that_cut_the_stall_stay() -> None:
@@ -381,5 +400,6 @@ def test_quotas_that_cut_the_stall_stay() -> None:
     first, later = quotas_after_weights(0.02)
     judged = later[-1]
     assert throttles(first)
-    assert not any(isinstance(a, Restore) for p in later for a in p.actions)
-    assert judged.state.throttles and judged.state.quota_trial is None and judged.state.quotas_futile_until is None
+    assert not any(restores(p) for p in later)
+    protect = judged.state.protect
+    assert judged.state.held(HeldThrottle) and protect.trial is None and protect.futile_until is None

@@ -8,9 +8,10 @@ import pytest
 
 from nodeguard.config import parse_document
 from nodeguard.errors import ConfigError, NodeguardError, WhatIfError
+from nodeguard.policy.holds import HeldThrottle
 from nodeguard.policy.metrics import CAPABILITIES, Metric
 from nodeguard.policy.planner import plan
-from nodeguard.policy.state import GuardState, HeldThrottle
+from nodeguard.policy.state import GuardState
 from nodeguard.policy.trace import plan_to_data
 from nodeguard.policy.whatif import parse_overrides, what_if
 from tests.policy.builders import UNLIMITED, GiB, cpu_throttle, guard, snapshot, usage
@@ -25,12 +26,8 @@ def test_trace_is_strict_json_with_every_part() -> None:
         {"metric": "memory_total_usage", "threshold": "8Gi", "action": "evict", "triggerAfter": 1},
         {"metric": "load_average", "threshold": 2, "restoreBelow": 1, "action": "throttle", "triggerAfter": 3},
     )
-    state = GuardState(
-        throttles={
-            "w0": HeldThrottle(
-                "w0", UNLIMITED, UNLIMITED._replace(quota_us=50_000), frozenset({Metric.CPU_TOTAL_USAGE}), 1.0
-            )
-        }
+    state = GuardState.holding(
+        HeldThrottle("w0", UNLIMITED, UNLIMITED._replace(quota_us=50_000), frozenset({Metric.CPU_TOTAL_USAGE}), 1.0)
     )
     p = plan(snapshot(WORKLOADS, cores_used=7.5, memory_used=10 * GiB, load1=24.0), state, settings)
     data = json.loads(json.dumps(plan_to_data(p), allow_nan=False))
