@@ -34,6 +34,12 @@ class CpuMax(NamedTuple):
         quota = "max" if self.quota_us is None else str(self.quota_us)
         return f"{quota} {self.period_us}"
 
+    @classmethod
+    def from_v2(cls, text: str) -> CpuMax:
+        """The inverse of ``render_v2``, for canonical text (the ledger's, checked by the quota lever)."""
+        quota, _, period = text.partition(" ")
+        return cls(None if quota == "max" else int(quota), int(period or 100_000))
+
 
 @dataclass(frozen=True, slots=True)
 class PsiLine:

@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Protocol, Self, TypeVar
 from nodeguard.model.levers import CPU_QUOTA, CPU_WEIGHT, MEMORY_HIGH, LeverKey
 from nodeguard.model.samples import CpuMax
 from nodeguard.policy.metrics import Metric
-from nodeguard.sources.cgroupfs import parse_cpu_max
 
 STALL = Metric.PROTECTED_CPU_STALL
 
@@ -99,7 +98,7 @@ class HeldThrottle:
     demand_cores: float | None = None
 
     def moved(self, original: str) -> HeldThrottle:
-        return replace(self, original=parse_cpu_max(original))
+        return replace(self, original=CpuMax.from_v2(original))
 
     def trace(self) -> dict[str, Any]:
         return {
@@ -114,7 +113,7 @@ class HeldThrottle:
 
     @classmethod
     def adopted(cls, group: str, original: str, applied: str, reason: str, now: float) -> HeldThrottle:
-        return cls(group, parse_cpu_max(original), parse_cpu_max(applied), reasons_of(reason), now)
+        return cls(group, CpuMax.from_v2(original), CpuMax.from_v2(applied), reasons_of(reason), now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from nodeguard.actuators.ledger import Held, LeverRecord
+from nodeguard.actuators.ledger import HeldValue, LeverRecord
 from nodeguard.model.samples import CpuMax
 
 
@@ -17,7 +17,7 @@ def quota_record(
     reason: str = "test",
     *,
     pending: CpuMax | None = None,
-    children: Mapping[str, Held] | None = None,
+    children: Mapping[str, HeldValue] | None = None,
 ) -> LeverRecord:
     return LeverRecord(
         lever="cpu.max", group=group, cgroup_version=_version(version), original=original.render_v2(),

@@ -11,18 +11,20 @@ import pytest
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import Change, recorded
+from nodeguard.actuators.changes import recorded
 from nodeguard.actuators.evictors import Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
+from nodeguard.actuators.levers.base import Lever
+from nodeguard.guard_tick import settle
+from nodeguard.model.levers import CPU_QUOTA, CPU_WEIGHT, LeverChange
 from nodeguard.model.samples import CpuMax
-from nodeguard.model.snapshot import Snapshot
 from nodeguard.model.workloads import QosClass
-from nodeguard.policy.actions import Restore, Throttle
+from nodeguard.policy.holds import HeldThrottle, LoweredWeight
 from nodeguard.policy.metrics import Metric
-from nodeguard.policy.outcome import after_pass, after_reweigh, fold_moves
+from nodeguard.policy.outcome import fold, fold_moves
 from nodeguard.policy.planner import Plan, plan
-from nodeguard.policy.state import GuardState, HeldThrottle
+from nodeguard.policy.state import GuardState
 from tests import realcgroups as rc
 from tests.policy.builders import cpu_throttle, guard, snapshot, usage
 
@@ -50,23 +52,24 @@ def executor_for(root: str, version: str, ledger: Ledger) -> Executor:
     return Executor(levers.build(CgroupWriter(root), version), NoEvictions(), ledger, lambda coro, name: None)
 
 
-def carried(executor: Executor, result: Plan, before: GuardState, seen: Snapshot) -> GuardState:
-    """One pass carried out and folded into the state, as the daemon does."""
-    return after_pass(result, before, executor.carry_out(result, before, seen).outcome).state
+def carried(executor: Executor, result: Plan, before: GuardState) -> tuple[GuardState, list[object]]:
+    """One pass made (every lever's changes) and folded into the state, as a tick does; the changes made."""
+    made = executor.apply(result.changes)
+    return fold(result, before, made.applied).state, list(made.done)
 
 
-def reweighed(executor: Executor, result: Plan, state: GuardState) -> tuple[GuardState, list[object]]:
-    """The plan's weights changed and folded into the state, as the daemon does; the changes made."""
-    done = executor.reweigh(result)
-    return after_reweigh(result, state, done.unchanged), list(done.done)
+def quota_lever(executor: Executor) -> Lever:
+    return executor.levers[CPU_QUOTA.name]
 
 
 def throttle_by_hand(executor: Executor, ledger: Ledger, pod: str, original: CpuMax, to: CpuMax) -> None:
     """Throttle a pod (and cap its children) as an earlier tick would have, its record in the ledger."""
-    current, writes = executor.quota.plan(pod, to.render_v2(), {})
-    executor.quota.perform(writes)
-    change = Change("cpu.max", pod, to.render_v2(), original.render_v2(), False, "throttle", "cpu_total_usage")
-    ledger.record(recorded(ledger, executor.quota, change, current, writes, pending=False))
+    quota = quota_lever(executor)
+    current, writes = quota.plan(pod, to.render_v2(), {})
+    quota.perform(writes)
+    change = LeverChange(CPU_QUOTA.name, pod, to.render_v2(), original.render_v2(), release=False, holds_back=True,
+                         kind="throttle", metric="cpu_total_usage", reason="by hand")  # fmt: skip
+    ledger.record(recorded(ledger, quota, change, current, writes, pending=False))
 
 
 def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: Path) -> None:
@@ -82,14 +85,14 @@ def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: 
         with open(full_ledger_dir / "filler", "wb") as filler, contextlib.suppress(OSError):
             filler.write(b"x" * (1 << 20))
         held = HeldThrottle(pod.pod, POD_LIMIT, throttled, frozenset({Metric.CPU_TOTAL_USAGE}), 0.0, demand_cores=1.5)
-        state = GuardState(throttles={pod.pod: held})
+        state = GuardState.holding(held)
         calm = snapshot([usage(pod.pod, cores=0.2, cpu_max=throttled)], cpus=2, cores_used=0.3)
         result = plan(calm, state, guard(cpu_throttle(1.6, 1.0), restoreStepPercent=10))
-        [step] = [a for a in result.actions if isinstance(a, Restore)]
-        assert not step.full, "the plan asked for one step up"
-        after = carried(executor, result, state, calm)
+        [step] = [a for a in result.changes if a.kind == "restore"]
+        assert not step.release, "the plan asked for one step up"
+        after, _ = carried(executor, result, state)
         assert hierarchy.limit(pod.pod) == POD_LIMIT and hierarchy.limit(pod.container) == POD_LIMIT
-        assert pod.pod not in after.throttles and pod.pod not in ledger.of("cpu.max")
+        assert pod.pod not in after.held(HeldThrottle) and pod.pod not in ledger.of("cpu.max")
 
 
 def test_throttles_withheld_on_a_full_disk_leave_the_state_and_kernel_as_they_were(full_ledger_dir: Path) -> None:
@@ -102,8 +105,8 @@ def test_throttles_withheld_on_a_full_disk_leave_the_state_and_kernel_as_they_we
         executor = executor_for(str(hierarchy.writable), hierarchy.version, ledger)
         busy = snapshot([usage(pod.pod, cores=1.0, cpu_max=POD_LIMIT)], cpus=2, cores_used=1.9)
         result = plan(busy, GuardState(), guard(cpu_throttle(1.4, 1.0)))
-        assert [a for a in result.actions if isinstance(a, Throttle)]
-        assert carried(executor, result, GuardState(), busy).throttles == {} and not ledger
+        assert [a for a in result.changes if a.kind == "throttle"]
+        assert carried(executor, result, GuardState())[0].held(HeldThrottle) == {} and not ledger
         assert hierarchy.limit(pod.pod) == POD_LIMIT and hierarchy.limit(pod.container) == POD_LIMIT
         assert executor.counters.withheld == 1
 
@@ -118,25 +121,24 @@ def test_a_resize_behind_a_throttle_becomes_the_original(tmp_path: Path) -> None
         throttled = CpuMax(30000)
         throttle_by_hand(executor, ledger, pod.pod, POD_LIMIT, throttled)
         held = HeldThrottle(pod.pod, POD_LIMIT, throttled, frozenset({Metric.CPU_TOTAL_USAGE}), 0.0)
-        state = GuardState(throttles={pod.pod: held})
+        state = GuardState.holding(held)
         hierarchy.set_limit(pod.pod, CpuMax(120000))  # the resize, as kubelet writes the pod
         seen = snapshot([usage(pod.pod, cores=0.3, cpu_max=CpuMax(120000))], cpus=2, cores_used=1.0)
         idle = guard(cpu_throttle(1.6, 1.5), restoreStepPercent=10)
-        state = fold_moves(state, executor.adopt_moves(seen))  # as the daemon does before planning
-        after = carried(executor, plan(seen, state, idle), state, seen)
-        assert after.throttles[pod.pod].original == CpuMax(120000)
+        after = settle(seen, state, idle, executor).state
+        assert after.held(HeldThrottle)[pod.pod].original == CpuMax(120000)
         assert ledger.of("cpu.max")[pod.pod].original == CpuMax(120000).render_v2()
         kept = hierarchy.limit(pod.pod)
         assert kept.quota_us is not None and kept.quota_us < 120000, "the throttle is kept under the new limit"
-        assert after.throttles[pod.pod].quota == kept
+        assert after.held(HeldThrottle)[pod.pod].quota == kept
         assert executor.counters.moved_originals == 1
 
         hierarchy.set_limit(pod.container, CpuMax(20000))  # now a resize below the throttle: nothing left to hold
         hierarchy.set_limit(pod.pod, CpuMax(20000))
         seen = snapshot([usage(pod.pod, cores=0.2, cpu_max=CpuMax(20000))], cpus=2, cores_used=1.0)
-        state = fold_moves(after, executor.adopt_moves(seen))
-        after = carried(executor, plan(seen, state, idle), state, seen)
-        assert pod.pod not in after.throttles and pod.pod not in ledger.of("cpu.max")
+        state = fold_moves(after, executor.moved_originals(seen))
+        after, _ = carried(executor, plan(seen, state, idle), state)
+        assert pod.pod not in after.held(HeldThrottle) and pod.pod not in ledger.of("cpu.max")
         assert hierarchy.limit(pod.pod) == CpuMax(20000)
 
 
@@ -148,7 +150,7 @@ def test_a_ledger_entry_is_written_before_the_kernel_file(tmp_path: Path) -> Non
         ledger = Ledger.load(str(path))
         executor = executor_for(str(hierarchy.writable), hierarchy.version, ledger)
         seen_on_disk: list[set[str]] = []
-        write = executor.quota.writer.write
+        write = quota_lever(executor).writer.write
 
         def spy(workload_id: str, filename: str, value: str, **context: object) -> bool:
             on_disk = Ledger.load(str(path)).of("cpu.max")
@@ -156,9 +158,9 @@ def test_a_ledger_entry_is_written_before_the_kernel_file(tmp_path: Path) -> Non
             assert workload_id in seen_on_disk[-1], f"{workload_id} written before the ledger knew it"
             return write(workload_id, filename, value, **context)
 
-        executor.quota.writer.write = spy  # type: ignore[method-assign]
+        quota_lever(executor).writer.write = spy  # type: ignore[method-assign]
         busy = snapshot([usage(pod.pod, cores=1.0, cpu_max=POD_LIMIT)], cpus=2, cores_used=1.9)
-        executor.carry_out(plan(busy, GuardState(), guard(cpu_throttle(1.4, 1.0))), GuardState(), busy)
+        executor.apply(plan(busy, GuardState(), guard(cpu_throttle(1.4, 1.0))).changes)
         assert len(seen_on_disk) == 2, "the container, then the pod"
 
 
@@ -174,9 +176,9 @@ def test_a_refused_weight_is_held_back_and_leaves_no_ledger_record(tmp_path: Pat
     objective = {"metric": "protected_cpu_stall", "threshold": "5%", "restoreBelow": "1%", "action": "throttle",
                  "triggerAfter": 1}  # fmt: skip
     p = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), guard(objective))
-    assert [r.group for r in p.reweighs] == ["kp/burstable"]
-    state, done = reweighed(executor, p, p.state)
-    assert state.lowered == {} and done == []
+    assert [r.group for r in p.changes if r.lever == CPU_WEIGHT.name] == ["kp/burstable"]
+    state, done = carried(executor, p, GuardState())
+    assert state.held(LoweredWeight) == {} and done == []
     hold = state.held_back["kp/burstable"]
     assert (hold.error, hold.file) == ("EISDIR", "cpu.shares") and hold.until > p.monotonic
     assert not ledger
@@ -198,14 +200,13 @@ def test_a_lowered_group_that_vanishes_leaves_the_ledger_and_the_state(tmp_path:
     with hierarchy.groups(tier):
         hierarchy.set_shares(tier, 307)
         p = plan(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), guard(objective))
-        state, done = reweighed(executor, p, p.state)
+        state, done = carried(executor, p, GuardState())
         assert [(d.before, d.after, d.holds_back) for d in done] == [("307", "2", True)]
-        assert hierarchy.weight(tier) == 2 and tier in state.lowered and tier in ledger.of("cpu.weight")
+        assert hierarchy.weight(tier) == 2 and tier in state.held(LoweredWeight) and tier in ledger.of("cpu.weight")
     seen = snapshot([stalled, burner], cpus=2, cores_used=2.0, monotonic=101.0)
-    nothing = plan(seen, state, guard(objective))
-    assert nothing.reweighs == ()
-    after, _ = reweighed(executor, nothing, carried(executor, nothing, state, seen))
-    assert after.lowered == {} and not ledger
+    settled = settle(seen, state, guard(objective), executor)
+    assert [c for c in settled.plan.changes if c.lever == CPU_WEIGHT.name] == []
+    assert settled.state.held(LoweredWeight) == {} and not ledger
     assert not Ledger.load(str(tmp_path / "run/ledger.json")), "saved without it"
 
 
@@ -228,12 +229,13 @@ def test_a_throttled_workload_no_longer_seen_gets_its_original_back_where_its_gr
             ledger.save()
         assert not (hierarchy.writable / leaves.pod).exists()
         assert hierarchy.limit(stays.container) == throttled, "the container was capped with its pod"
-        state = GuardState(throttles=throttles)
+        state = GuardState.holding(*throttles.values())
         # Neither throttled pod is in this snapshot: one was dropped by discovery, the other's cgroup is gone.
         empty = snapshot([usage(f"{parent}/other", cores=0.1)], cpus=2, cores_used=0.3)
-        result = plan(empty, state, guard(cpu_throttle(1.6, 1.0)))
-        assert set(result.departed) == {stays.pod, leaves.pod}
-        executor.carry_out(result, state, empty)
+        settled = settle(empty, state, guard(cpu_throttle(1.6, 1.0)), executor)
+        # The one whose cgroup is gone left with the drift check before planning; the other is given back.
+        assert set(settled.plan.departed) == {stays.pod}
+        assert settled.state.held(HeldThrottle) == {}
         assert hierarchy.limit(stays.pod) == POD_LIMIT and hierarchy.limit(stays.container) == POD_LIMIT
         assert not ledger.of("cpu.max")
         assert Ledger.load(str(tmp_path / "ledger.json")).of("cpu.max") == {}

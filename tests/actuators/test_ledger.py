@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeguard.actuators.ledger import Held, Ledger, LedgerUnsaved, Ownership
+from nodeguard.actuators.ledger import HeldValue, Ledger, LedgerUnsaved, Ownership
 from nodeguard.actuators.node_lock import NodeBusy, hold_node
 from nodeguard.model.samples import CpuMax
 from tests.actuators.records import quota_record, weight_record
@@ -37,9 +37,9 @@ def test_round_trip_and_first_original_wins(tmp_path: Path) -> None:
     """Saved records load back; re-throttling keeps the very first original, of the workload and its children."""
     path = str(tmp_path / "run/ledger.json")
     ledger = Ledger.load(path)
-    child = {"a/c": Held(original="150000 100000", applied="50000 100000")}
+    child = {"a/c": HeldValue(original="150000 100000", applied="50000 100000")}
     ledger.record(quota_record("a", "v1", UNLIMITED, CpuMax(50000), "r", children=child))
-    lower = {"a/c": Held(original="50000 100000", applied="20000 100000")}
+    lower = {"a/c": HeldValue(original="50000 100000", applied="20000 100000")}
     ledger.record(quota_record("a", "v1", CpuMax(50000), CpuMax(20000), "r", children=lower))
     ledger.record(quota_record("b", "v1", CpuMax(80000), CpuMax(20000), "r"))
     ledger.record(weight_record("a", "v1", 1024, 2))  # the same group, another lever: its own record
@@ -48,7 +48,7 @@ def test_round_trip_and_first_original_wins(tmp_path: Path) -> None:
     quotas = again.of("cpu.max")
     assert quotas["a"].original == "max 100000"
     assert quotas["a"].applied == "20000 100000"
-    assert quotas["a"].children["a/c"] == Held(original="150000 100000", applied="20000 100000")
+    assert quotas["a"].children["a/c"] == HeldValue(original="150000 100000", applied="20000 100000")
     assert set(quotas) == {"a", "b"}
     assert again.get("cpu.weight", "a") == weight_record("a", "v1", 1024, 2)
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["ledger.json"], (
@@ -66,7 +66,7 @@ def test_a_version_1_ledger_is_read_as_every_lever_and_written_as_version_2(tmp_
     quotas, weights = ledger.of("cpu.max"), ledger.of("cpu.weight")
     pod = quotas["kubepods/burstable/podaaaa"]
     assert (pod.original, pod.applied, pod.cgroup_version) == ("150000 100000", "30000 100000", "v1")
-    assert pod.children == {"kubepods/burstable/podaaaa/c1": Held("150000 100000", "30000 100000")}
+    assert pod.children == {"kubepods/burstable/podaaaa/c1": HeldValue("150000 100000", "30000 100000")}
     assert quotas["kubepods/besteffort/podbbbb"].pending == "10000 100000"
     assert {g: (w.original, w.applied) for g, w in weights.items()} == {
         "kubepods/besteffort": ("2", "2"),
@@ -161,7 +161,7 @@ def test_ledger_behind_a_symlink_or_a_fifo_is_not_followed(tmp_path: Path) -> No
 
 def test_ownership_tells_ours_from_a_reset_and_a_resize() -> None:
     """The recorded values tell nodeguard's own value, the original put back, and a new value apart."""
-    record = Held(original="150000 100000", applied="50000 100000", pending="40000 100000")
+    record = HeldValue(original="150000 100000", applied="50000 100000", pending="40000 100000")
     assert record.ownership("50000 100000") is Ownership.OURS
     assert record.ownership("40000 100000") is Ownership.OURS
     assert record.ownership("150000 100000") is Ownership.ORIGINAL

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.ledger import Held, Ledger
+from nodeguard.actuators.ledger import HeldValue, Ledger
 from nodeguard.actuators.levers.base import WriteRefused
 from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.actuators.restore import Outcome, restore_all
@@ -60,7 +60,7 @@ def test_pod_with_container_limits_is_throttled_and_restored_exactly(
     busy = pod.start_busy()
     try:
         current, writes = quota.plan(pod.pod, THROTTLE.render_v2(), {})
-        children = {w.path: Held(original=w.before, applied=w.after)
+        children = {w.path: HeldValue(original=w.before, applied=w.after)
                     for w in writes if w.path != pod.pod}  # fmt: skip
         quota.perform(writes)
         assert hierarchy.limit(pod.pod) == THROTTLE
@@ -99,7 +99,7 @@ def test_a_child_resized_behind_nodeguard_keeps_its_new_limit_on_restore(v1_pod:
     current, writes = quota.plan(pod.pod, THROTTLE.render_v2(), {})
     quota.perform(writes)
     ledger = Ledger(str(tmp_path / "ledger.json"))
-    children = {pod.container: Held(original=KUBELET_LIMIT.render_v2(), applied=THROTTLE.render_v2())}
+    children = {pod.container: HeldValue(original=KUBELET_LIMIT.render_v2(), applied=THROTTLE.render_v2())}
     ledger.record(quota_record(pod.pod, "v1", parse_cpu_max(current), THROTTLE, "test", children=children))
     resized = CpuMax(20000, 100000)
     hierarchy.set_limit(pod.container, resized)  # under the pod's limit: v1 accepts it

@@ -13,8 +13,7 @@ from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.levers.base import WriteRefused
 from nodeguard.daemon import DaemonView
-from nodeguard.model.samples import CpuMax
-from nodeguard.policy.actions import Restore, Reweigh, Throttle
+from nodeguard.model.levers import CPU_QUOTA, CPU_WEIGHT, LeverChange
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.state import GuardState
 from nodeguard.surfaces.metrics import Metrics
@@ -36,11 +35,15 @@ def test_only_refused_restores_count_as_restore_failures(tmp_path: Path) -> None
     executor = Executor(levers.build(CgroupWriter(str(tmp_path)), "v1"), NoEvictions(), Ledger(str(tmp_path / "l")),
                         lambda coro, name: None)  # fmt: skip
     workload = usage("kp/pod0").workload
-    quota = {"quota": CpuMax(50000), "previous": CpuMax(100000), "original": CpuMax(100000), "dry_run": False}
-    throttle = Throttle(workload, Metric.CPU_TOTAL_USAGE, "test", 1.0, 0.5, 0.5, **quota)  # type: ignore[arg-type]
-    restore = Restore(workload, Metric.CPU_TOTAL_USAGE, "test", 0.5, -0.5, full=True, **quota)  # type: ignore[arg-type]
-    lower = Reweigh("kp/burstable", Metric.PROTECTED_CPU_STALL, "test", True, ("kp/pod0",), False)
-    back = Reweigh("kp/burstable", Metric.PROTECTED_CPU_STALL, "test", False, ("kp/pod0",), False)
+    cpu, stall = Metric.CPU_TOTAL_USAGE, Metric.PROTECTED_CPU_STALL
+    throttle = LeverChange(CPU_QUOTA.name, "kp/pod0", "50000 100000", "100000 100000", release=False,
+                           holds_back=True, kind="throttle", metric=cpu, reason="test", workload=workload)  # fmt: skip
+    restore = LeverChange(CPU_QUOTA.name, "kp/pod0", "100000 100000", "100000 100000", release=True,
+                          holds_back=False, kind="restore", metric=cpu, reason="test", workload=workload)  # fmt: skip
+    lower = LeverChange(CPU_WEIGHT.name, "kp/burstable", None, None, release=False, holds_back=True,
+                        kind="reweigh", metric=stall, reason="test", workloads=("kp/pod0",))  # fmt: skip
+    back = LeverChange(CPU_WEIGHT.name, "kp/burstable", None, None, release=True, holds_back=False,
+                       kind="reweigh", metric=stall, reason="test", workloads=("kp/pod0",))  # fmt: skip
     for action in (throttle, lower):
         executor._refused(action, refusal())
     assert (executor.counters.failed, executor.counters.failed_restores) == (2, 0)

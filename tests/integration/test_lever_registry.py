@@ -23,8 +23,9 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.ledger import Ledger, LeverRecord
 from nodeguard.actuators.levers.base import Lever
 from nodeguard.daemon import held_counts
-from nodeguard.kubernetes.events import LEVER_KINDS
-from nodeguard.policy.outcome import ADOPTED, QUOTA, WEIGHT
+from nodeguard.kubernetes.events import REASONS
+from nodeguard.model.levers import TERMS
+from nodeguard.policy.holds import KIND_OF
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
 from tests.integration.harness import SLOW
@@ -92,10 +93,13 @@ def config(
 
 
 def test_every_registered_lever_has_a_held_value_here() -> None:
-    """The tests below hold every registered lever, and the per-lever tables of the code cover each one."""
+    """The tests below hold every registered lever, and every lever is named, held by the policy and has its
+    Events."""
     assert set(HELD) == set(levers.NAMES)
-    assert set(ADOPTED) == set(levers.NAMES) and {QUOTA, WEIGHT} <= set(levers.NAMES)
-    assert set(LEVER_KINDS) == {(name, down) for name in levers.NAMES for down in (True, False)}
+    assert set(TERMS) == set(KIND_OF) == set(levers.NAMES)
+    assert {kind.reason for name in levers.NAMES for kind in (TERMS[name].holds, TERMS[name].gives_back)} <= {
+        kind.reason for kind in REASONS
+    }
 
 
 def test_restore_all_puts_back_every_registered_lever(tmp_path: Path) -> None:

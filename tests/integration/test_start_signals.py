@@ -22,8 +22,8 @@ import pytest
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import Change
 from nodeguard.actuators.ledger import Ledger
+from nodeguard.model.levers import CPU_WEIGHT, LeverChange
 from nodeguard.model.samples import CpuMax
 from tests import realcgroups as rc
 from tests.actuators.test_executor_real import executor_for, throttle_by_hand
@@ -150,8 +150,9 @@ def test_a_stop_while_starting_restores_on_cgroup_v2(tmp_path: Path) -> None:
         found = Ledger(str(ledger))
         executor = executor_for(str(node.hierarchy.writable), node.hierarchy.version, found)
         throttle_by_hand(executor, found, pod, node.originals[pod], CpuMax(50000))
-        least = executor.weights.least_for(tier)
-        lowered = Change(executor.weights.name, tier, str(least), None, False, "lower", "protected_cpu_stall")
+        least = executor.levers[CPU_WEIGHT.name].strongest(tier)
+        lowered = LeverChange(CPU_WEIGHT.name, tier, least, None, release=False, holds_back=True, kind="reweigh",
+                              metric="protected_cpu_stall", reason="by hand")  # fmt: skip
         done = executor.changer.apply([lowered])
         assert len(done.done) == 1 and not done.refused, done
         found.save()

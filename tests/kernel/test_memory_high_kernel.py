@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import Change, Changer
+from nodeguard.actuators.changes import Changer
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.levers.memory_high import MemoryHighLever
 from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.config import parse_document
 from nodeguard.daemon import Daemon
+from nodeguard.model.levers import LeverChange
+from nodeguard.policy.holds import HeldMemory
 from nodeguard.sources.cgroupfs import parse_flat_keyed
 from tests import realcgroups as rc
 from tests.daemon_proc import DaemonProcess
@@ -72,9 +74,9 @@ def test_lever_lowers_a_pod_under_its_containers_memory_qos_and_restores_both_ex
             lever.plan(pod.pod, str(64 * MiB + 1000), {})
 
         ledger = Ledger(str(tmp_path / "ledger.json"))
-        done = Changer(ledger, {lever.name: lever}).apply(
-            [Change(lever.name, pod.pod, str(64 * MiB), None, False, "memory_throttle", "test")]
-        )
+        change = LeverChange(lever.name, pod.pod, str(64 * MiB), None, release=False, holds_back=True,
+                             kind="memory_throttle", metric="test", reason="test")  # fmt: skip
+        done = Changer(ledger, {lever.name: lever}).apply([change])
         assert [(d.before, d.after) for d in done.done] == [("max", str(64 * MiB))]
         assert high(pod.pod) == str(64 * MiB)
         # A child above its parent is no conflict on v2: untouched, and writable higher still.
@@ -161,7 +163,7 @@ def test_a_growing_pod_is_held_near_the_waterline_without_oom_and_put_back_after
 
             second = daemon_for(pod, ledger, threshold, "adopt")
             second.start()
-            assert pod.pod in second.state.memory, "the successor did not adopt the hold"
+            assert pod.pod in second.state.held(HeldMemory), "the successor did not adopt the hold"
             assert high(pod.pod) == held
             second.tick()
             second.stop()  # what SIGTERM runs

@@ -11,16 +11,15 @@ from typing import Any
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import Change, Done
+from nodeguard.actuators.changes import Done
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
-from nodeguard.kubernetes.events import LEVER_KINDS
+from nodeguard.kubernetes.events import REASONS, event_kind
 from nodeguard.kubernetes.integration import Kubernetes
 from nodeguard.kubernetes.metadata import enrich, parse_pod_list
 from nodeguard.kubernetes.settings import KubernetesSettings
-from nodeguard.model.samples import CpuMax
+from nodeguard.model.levers import CPU_QUOTA, CPU_WEIGHT, TERMS, LeverChange
 from nodeguard.model.snapshot import Snapshot
-from nodeguard.policy.actions import Restore, Reweigh, Throttle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState
@@ -46,27 +45,30 @@ def seen(k8s: Kubernetes) -> Snapshot:
     return enrich(snapshot([pod_usage(UID_A, cores=3.0)], cores_used=7.0), k8s.cache).snapshot
 
 
-def throttle_action(k8s: Kubernetes) -> Throttle:
+LEVERS = levers.build(CgroupWriter("/nonexistent"), "v1")
+
+
+def throttle_action(k8s: Kubernetes) -> LeverChange:
     result = plan(seen(k8s), GuardState(), guard(cpu_throttle(threshold=6.0, restore=5.0)))
     (action,) = result.actions
-    assert isinstance(action, Throttle)
+    assert isinstance(action, LeverChange) and action.kind == "throttle"
     return action
 
 
-def done(action: Throttle | Restore) -> Done:
-    """The executor's report of a quota action carried out."""
-    full = isinstance(action, Restore) and action.full
-    change = Change("cpu.max", action.workload_id, action.quota.render_v2(), action.original.render_v2(), full,
-                    action.kind, str(action.metric), asked=action)  # fmt: skip
-    return Done(change, action.previous.render_v2(), action.quota.render_v2(), 0, isinstance(action, Throttle))
+def done(change: LeverChange) -> Done:
+    """The executor's report of a lever change carried out."""
+    lever = LEVERS[change.lever]
+    assert change.target is not None and change.previous is not None
+    shown = (lever.shown(change.previous), lever.shown(change.target))
+    return Done(change, change.previous, change.target, 0, change.holds_back, shown)
 
 
 def weight_done(group: str, lower: bool, workloads: tuple[str, ...] = ()) -> Done:
     reason = "protected workload harmed" if lower else "weight back: nobody wants the CPU it held"
-    asked = Reweigh(group, Metric.PROTECTED_CPU_STALL, reason, lower, workloads, False)
     before, after = ("307", "2") if lower else ("2", "307")
-    change = Change("cpu.weight", group, after, None, not lower, "reweigh", "protected_cpu_stall", asked=asked)
-    return Done(change, before, after, 0, lower)
+    change = LeverChange(CPU_WEIGHT.name, group, after, None, release=not lower, holds_back=lower, kind="reweigh",
+                         metric=Metric.PROTECTED_CPU_STALL, reason=reason, workloads=workloads, previous=before)  # fmt: skip
+    return done(change)
 
 
 class Spawner:
@@ -112,17 +114,20 @@ async def test_restore_event_is_normal(kube: FakeKube, settings: KubernetesSetti
     """A restore records a Normal NodeguardRestored Event."""
     k8s = loaded(settings)
     throttle = throttle_action(k8s)
-    restore = Restore(
-        workload=throttle.workload,
+    restore = LeverChange(
+        lever=CPU_QUOTA.name,
+        group=throttle.group,
+        target="max 100000",
+        give_back="max 100000",
+        release=True,
+        holds_back=False,
+        kind="restore",
         metric=Metric.CPU_TOTAL_USAGE,
         reason="released: back to the original limit",
+        workload=throttle.workload,
         gap_before=0.5,
         predicted_release=-1.0,
-        quota=CpuMax(None),
-        previous=throttle.quota,
-        original=CpuMax(None),
-        full=True,
-        dry_run=False,
+        previous=throttle.target,
     )
     assert await k8s.recorder.emit(done(restore), UID_A)
     body = kube.requests("POST", EVENTS)[0].body
@@ -201,13 +206,13 @@ async def test_events_follow_what_the_executor_did(
     (group / "cpu.max").mkdir(parents=True)  # a directory: reading and writing it fail (EISDIR)
     executor = Executor(levers.build(CgroupWriter(str(tmp_path)), "v2"), FakeCgroupEvictor(),
                         Ledger(str(tmp_path / "ledger.json")), Spawner())  # fmt: skip
-    refused = executor.carry_out(result, GuardState(), snap)
+    refused = executor.apply(result.changes)
     assert refused.done == [] and executor.counters.failed == 1
     dry = plan(snap, GuardState(), guard(cpu_throttle(threshold=6.0, restore=5.0), dryRun=True))
-    assert executor.carry_out(dry, GuardState(), snap).done == []
+    assert executor.apply(dry.changes).done == []
     (group / "cpu.max").rmdir()
     (group / "cpu.max").write_text("max 100000")
-    written = executor.carry_out(result, GuardState(), snap)
+    written = executor.apply(result.changes)
     spawn = Spawner()
     k8s.emit(written.done, snap, spawn)
     await asyncio.gather(*spawn.tasks)
@@ -231,12 +236,21 @@ async def test_weight_events_on_the_pod_or_on_the_node(kube: FakeKube, settings:
     assert node_body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": NODE,
                                            "namespace": ""}  # fmt: skip
     assert (node_body["reason"], node_body["type"]) == ("NodeguardWeightLowered", "Warning")
-    assert "cpu.weight 307 -> 2" in node_body["message"] and pod_cgroup(UID_A) in node_body["message"]
+    assert "weight 307 -> 2" in node_body["message"] and pod_cgroup(UID_A) in node_body["message"]
     assert (pod_body["reason"], pod_body["type"]) == ("NodeguardWeightRestored", "Normal")
     assert pod_body["involvedObject"]["name"] == "batch-a"
     await k8s.aclose()
 
 
 def test_every_registered_lever_has_both_events() -> None:
-    """A lever added to the registry without its Events fails here: one for holding back, one for giving back."""
-    assert set(LEVER_KINDS) == {(kind.name, down) for kind in levers.REGISTERED for down in (True, False)}
+    """A lever added to the registry without its Events fails here: one for holding back, one for giving back,
+    each a reason of its own among those recorded."""
+    reasons = {kind.reason for kind in REASONS}
+    for kind in levers.REGISTERED:
+        held, back = TERMS[kind.name].holds, TERMS[kind.name].gives_back
+        assert held.reason != back.reason and {held.reason, back.reason} <= reasons
+        assert (held.type, back.type) == ("Warning", "Normal")
+        change = LeverChange(kind.name, "g", "1", None, release=False, holds_back=True, kind="x", metric="m",
+                             reason="r")  # fmt: skip
+        assert event_kind(Done(change, "2", "1", 0, True)) == held
+        assert event_kind(Done(change, "1", "2", 0, False)) == back

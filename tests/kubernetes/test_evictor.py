@@ -14,14 +14,13 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.levers.cpu_quota import QuotaLever
+from nodeguard.guard_tick import settle
 from nodeguard.kubernetes.evictor import ApiEvictor, pod_uid_of
 from nodeguard.kubernetes.integration import Kubernetes
 from nodeguard.kubernetes.metadata import parse_pod_list
 from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.actions import Evict
-from nodeguard.policy.outcome import after_pass
-from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState
 from tests.kubernetes.conftest import Canned, FakeCgroupEvictor, FakeKube, Pki, settings_for
 from tests.kubernetes.objects import NODE, budget_refusal, pod, pod_list, status
@@ -206,9 +205,9 @@ async def test_budget_refusal_moves_on_to_the_next_candidate(
     evicted: list[str] = []
     for _ in range(4):
         snap = snapshot([pod_usage(UID_A), pod_usage(UID_B)], monotonic=time.monotonic(), memory_used=8 << 30)
-        result = plan(k8s.enrich(snap), state, rules)
-        evicted += [a.workload.name for a in result.actions if isinstance(a, Evict)]
-        state = after_pass(result, state, executor.carry_out(result, state, snap).outcome).state
+        settled = settle(k8s.enrich(snap), state, rules, executor)
+        evicted += [a.workload.name for a in settled.plan.actions if isinstance(a, Evict)]
+        state = settled.state
         await asyncio.gather(*tasks)
         tasks.clear()
     assert evicted[:2] == ["jobs/batch-a", "jobs/batch-b"]

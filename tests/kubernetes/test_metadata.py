@@ -8,7 +8,7 @@ import pytest
 
 from nodeguard.kubernetes.metadata import PodCache, enrich, parse_pod, parse_pod_list
 from nodeguard.model.workloads import QosClass
-from nodeguard.policy.actions import Evict, Throttle
+from nodeguard.policy.actions import Evict
 from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState
 from tests.kubernetes.objects import pod, pod_list
@@ -187,7 +187,7 @@ def test_planner_skips_workloads_without_metadata() -> None:
     enriched = enrich(snap, cache_of(pod("a", UID_A, qos="BestEffort", cpu_requests=(None,)))).snapshot
     result = plan(enriched, GuardState(), settings)
     assert result.candidates == 1
-    assert {a.workload.pod_uid for a in result.actions if isinstance(a, Throttle)} == {UID_A}
+    assert {a.workload.pod_uid for a in result.changes if a.kind == "throttle" and a.workload} == {UID_A}
 
 
 def test_planner_does_nothing_while_no_metadata_is_known() -> None:

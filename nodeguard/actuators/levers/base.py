@@ -99,7 +99,7 @@ class Lever(Protocol):
         ...
 
     def shown(self, value: str) -> str:
-        """A value for people: "0.5 cores", "256 MiB", "weight 2"."""
+        """A value for people: "0.5 cores", "256 MiB", "2" (a weight), "idle"."""
         ...
 
     def number(self, value: str) -> float | None:

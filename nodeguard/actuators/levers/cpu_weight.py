@@ -120,7 +120,7 @@ class WeightLever:
         return None  # snapshots do not read weights
 
     def shown(self, value: str) -> str:
-        return "idle" if int(value) == IDLE and self.version == "v2" else f"weight {value}"
+        return "idle" if int(value) == IDLE and self.version == "v2" else value
 
     def number(self, value: str) -> float | None:
         return float(value)
