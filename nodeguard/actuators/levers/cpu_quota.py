@@ -18,8 +18,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.levers.base import Version, Write, note_drift, refusal
+from nodeguard.actuators.levers.base import Version, Write, Writer, note_drift, refusal
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import get_logger
 from nodeguard.model.samples import CpuMax
@@ -101,7 +100,7 @@ class QuotaLever:
     name = "cpu.max"
     noun = "quota"
 
-    def __init__(self, writer: CgroupWriter, version: str) -> None:
+    def __init__(self, writer: Writer, version: str) -> None:
         self.writer = writer
         self.version: Version = "v2" if version == "v2" else "v1"
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.levers.base import Version, Write, refusal, writes_back
+from nodeguard.actuators.levers.base import Version, Write, Writer, refusal, writes_back
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 
 
@@ -47,7 +46,7 @@ class WeightLever:
     name = "cpu.weight"
     noun = "weight"
 
-    def __init__(self, writer: CgroupWriter, version: str) -> None:
+    def __init__(self, writer: Writer, version: str) -> None:
         self.writer = writer
         self.version: Version = "v2" if version == "v2" else "v1"
         self.file = V2_WEIGHT if version == "v2" else V1_SHARES

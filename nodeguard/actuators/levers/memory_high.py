@@ -35,8 +35,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Mapping, Sequence
 
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.levers.base import Version, Write, refusal, writes_back
+from nodeguard.actuators.levers.base import Version, Write, Writer, refusal, writes_back
 from nodeguard.errors import ActuationRefused, ParseError
 
 FILE = "memory.high"
@@ -61,7 +60,7 @@ class MemoryHighLever:
     name = FILE
     noun = FILE
 
-    def __init__(self, writer: CgroupWriter, version: str) -> None:
+    def __init__(self, writer: Writer, version: str) -> None:
         self.writer = writer
         self.version: Version = "v2" if version == "v2" else "v1"
         self.page = mmap.PAGESIZE
