@@ -111,4 +111,4 @@ class CgroupWriter:
         name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         self.counters.errors[name] += 1
         if exc.errno in _NOT_PERMITTED:
-            self._refused = f"quota writes refused: {name} ({exc.strerror}) writing {path}"
+            self._refused = f"cgroup writes refused: {name} ({exc.strerror}) writing {path}"
