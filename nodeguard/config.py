@@ -23,6 +23,7 @@ from pydantic import (
 
 from nodeguard.actuators.settings import ActuationSettings
 from nodeguard.atomic_file import UnsafeFile, read_regular_file
+from nodeguard.bounded_json import bounded_json
 from nodeguard.config_base import Model, format_errors
 from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
@@ -30,7 +31,6 @@ from nodeguard.gate.settings import GateSettings
 from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.netaddr import split_host_port
 from nodeguard.policy.settings import GuardSettings
-from nodeguard.preview import json_preview
 from nodeguard.sources.settings import SensingSettings, WorkloadSettings
 
 
@@ -142,7 +142,7 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
 
 
 def _render_input(value: object) -> str:
-    return json_preview(value, 80)  # bounded: the value may nest a thousand levels deep
+    return bounded_json(value, 80)  # bounded: the value may nest a thousand levels deep
 
 
 # --- loading ---------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, fie
 from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from nodeguard.preview import json_preview
+from nodeguard.bounded_json import bounded_json
 
 
 class Model(BaseModel):
@@ -186,6 +186,6 @@ def format_errors(exc: ValidationError) -> list[str]:
         loc = [p for p in error["loc"] if isinstance(p, int) or not p.startswith(("function-", "union["))]
         line = f"{format_location(loc)}: {_message(error)}"
         if error["type"] != "missing" and error["input"] is not None:
-            line += f", got {json_preview(error['input'], 80)}"  # bounded: it may nest a thousand levels deep
+            line += f", got {bounded_json(error['input'], 80)}"  # bounded: it may nest a thousand levels deep
         lines.append(line)
     return lines

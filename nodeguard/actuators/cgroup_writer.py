@@ -13,6 +13,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
+from nodeguard.actuators.levers import lever_files
 from nodeguard.errors import ActuationRefused, CgroupGone
 from nodeguard.log import get_logger
 
@@ -36,8 +37,6 @@ class WriteCounters:
 
 def writable_files() -> frozenset[str]:
     """The allow-list: what the registered levers write, and eviction's files."""
-    from nodeguard.actuators.levers import lever_files  # the levers build on this module: imported when used
-
     return lever_files() | EVICTION_FILES
 
 
@@ -112,4 +111,4 @@ class CgroupWriter:
         name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         self.counters.errors[name] += 1
         if exc.errno in _NOT_PERMITTED:
-            self._refused = f"quota writes refused: {name} ({exc.strerror}) writing {path}"
+            self._refused = f"cgroup writes refused: {name} ({exc.strerror}) writing {path}"

@@ -2,14 +2,14 @@
 
 The one gate client that runs and watches a command, over asyncio (a load's
 whole start, through a daemon restart: ``LoadSession``). The blocking clients
-(``admit``, ``oci-hook``, ``gatectl``) and the options live in ``client.py``.
+(``admit``, ``oci-hook``, ``gatectl``) and the options live in ``commands.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from nodeguard.gate.client import EXIT_FAILED, EXIT_UNAVAILABLE, admission, say, socket_path_of, submit_fields
+from nodeguard.gate.submission import EXIT_FAILED, EXIT_UNAVAILABLE, admission, say, socket_path_of, submit_fields
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -22,10 +22,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, field_validator
 
+from nodeguard.bounded_json import bounded_json
 from nodeguard.config_base import LazyModel, format_location
 from nodeguard.errors import NodeguardError
 from nodeguard.gate.readiness import Readiness
-from nodeguard.preview import json_preview
 
 MAX_LINE = 64 * 1024
 MAX_NAME = 253  # a Kubernetes object name
@@ -142,7 +142,7 @@ def parse_request(line: bytes) -> Request:
         request_id = None
     op = data.get("op")
     if op not in OPS:
-        raise ProtocolError(f"op: expected one of {', '.join(OPS)}, got {json_preview(op, 60)}", request_id)
+        raise ProtocolError(f"op: expected one of {', '.join(OPS)}, got {bounded_json(op, 60)}", request_id)
     try:
         return request_adapter().validate_python(data, strict=True)
     except ValidationError as exc:
@@ -167,7 +167,7 @@ def _render(error: Any) -> str:
     message = message.removeprefix("Value error, ")
     line = f"{format_location(loc)}: {message}"
     if kind != "missing":
-        line += f", got {json_preview(error['input'])}"  # the input is the client's: any depth, any size
+        line += f", got {bounded_json(error['input'])}"  # the input is the client's: any depth, any size
     return line
 
 

@@ -162,7 +162,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.command("demo", _demo_options, help="watch nodeguard throttle burners on this machine (about 30 s)")
     commands.command("status", _status_options, help="the running daemon's status (reads its /status endpoint)")
 
-    from nodeguard.gate.client import add_gate_commands
+    from nodeguard.gate.commands import add_gate_commands
 
     add_gate_commands(commands)  # gate, admit, oci-hook, gatectl: each sets its own handler
     commands.command(

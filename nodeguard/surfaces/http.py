@@ -5,7 +5,7 @@ scrapes and status reads run between ticks, so they never see half-updated
 state and need no locks. GET and HEAD only; one request per connection.
 
 /readyz is the daemon's health: ready only while no part reports a problem
-(no tick yet, the gate not serving, quota writes refused). At most
+(no tick yet, the gate not serving, cgroup writes refused). At most
 ``MAX_CONNECTIONS`` are served at once (more are closed at once), each for at
 most ``READ_TIMEOUT`` seconds of reading: a local user opening connections
 cannot take the daemon's descriptors, and asyncio's server pauses accepting

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,7 +39,7 @@ def test_refuses_paths_outside_the_root(tree: Path, workload_id: str) -> None:
 
 
 def test_refuses_files_it_does_not_own(tree: Path) -> None:
-    """Only the quota, freeze and kill files can be written."""
+    """Files off the allow-list (the registered levers' and eviction's) are refused."""
     writer = CgroupWriter(str(tree))
     for name in ("cgroup.procs", "memory.max", "../cpu.max", "cpu.max/../x"):
         with pytest.raises(ActuationRefused):
@@ -76,3 +79,38 @@ def test_memory_high_is_on_the_allow_list_with_the_same_path_checks(tree: Path, 
     for other in ("memory.max", "memory.low", "memory.min"):  # the OOM killer's limit and protection stay kubelet's
         with pytest.raises(ActuationRefused):
             writer.write("kubepods/pod1", other, "4096")
+
+
+# Writes each file named after the root in turn, printing what problem() says after each.
+REFUSED = """
+import sys
+from nodeguard.actuators.cgroup_writer import CgroupWriter
+writer = CgroupWriter(sys.argv[1])
+for name in sys.argv[2:]:
+    try:
+        writer.write("kubepods/pod1", name, "1")
+    except OSError:
+        pass
+    print(writer.problem())
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="takes root's override of file permissions away with setpriv: needs root and setpriv",
+)
+def test_a_write_refused_for_want_of_permission_names_the_file_not_a_lever(tree: Path) -> None:
+    """A weight, memory.high or quota write refused with EACCES makes problem() name the errno and that file, alike."""
+    names = ("cpu.weight", "memory.high", "cpu.max")
+    for name in names:
+        (tree / "kubepods/pod1" / name).write_text("100\n")
+        os.chown(tree / "kubepods/pod1" / name, 65534, 65534)  # delegated to another user
+    without_override = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--", sys.executable]
+    result = subprocess.run(
+        [*without_override, "-c", REFUSED, str(tree), *names], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    root = os.path.realpath(tree)
+    assert result.stdout.splitlines() == [
+        f"cgroup writes refused: EACCES (Permission denied) writing {root}/kubepods/pod1/{name}" for name in names
+    ]

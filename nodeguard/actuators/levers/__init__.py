@@ -9,8 +9,7 @@ on v1) is not built there: ``available`` says which are.
 
 from __future__ import annotations
 
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.levers.base import Lever
+from nodeguard.actuators.levers.base import Lever, Writer
 from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.actuators.levers.cpu_weight import WeightLever
 from nodeguard.actuators.levers.memory_high import MemoryHighLever
@@ -33,6 +32,6 @@ def available(version: str) -> tuple[str, ...]:
     return tuple(kind.name for kind in REGISTERED if kind.files(version))
 
 
-def build(writer: CgroupWriter, version: str) -> dict[str, Lever]:
+def build(writer: Writer, version: str) -> dict[str, Lever]:
     """One of each lever this hierarchy has, by name, in registration order."""
     return {kind.name: kind(writer, version) for kind in REGISTERED if kind.files(version)}

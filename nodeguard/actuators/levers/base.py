@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.errors import ActuationRefused, NodeguardError
 from nodeguard.log import get_logger
 from nodeguard.model.levers import LeverTerms
@@ -25,6 +24,36 @@ from nodeguard.model.snapshot import WorkloadUsage
 log = get_logger("nodeguard.levers")
 
 Version = Literal["v1", "v2"]
+
+
+class WriteCounts(Protocol):
+    """The fields of the single writer's ``WriteCounters`` a lever adds to."""
+
+    drift: int
+    skipped_unchanged: int
+
+
+class Writer(Protocol):
+    """What a lever uses of the single writer, ``cgroup_writer.CgroupWriter``.
+
+    The writer accepts only the registered levers' files, so it imports this
+    package; the levers name it by what they use instead of importing it back.
+    """
+
+    @property
+    def root(self) -> str: ...
+
+    @property
+    def dry_run(self) -> bool: ...
+
+    @property
+    def counters(self) -> WriteCounts: ...
+
+    def read(self, workload_id: str, filename: str) -> str: ...
+
+    def exists(self, workload_id: str) -> bool: ...
+
+    def write(self, workload_id: str, filename: str, value: str, **context: object) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +91,7 @@ class Lever(Protocol):
     name: str  # its key in the ledger, e.g. "cpu.max" (terms.name)
     noun: str  # what its value is called in messages: "quota", "weight" (terms.noun)
     version: Version
-    writer: CgroupWriter
+    writer: Writer
 
     @staticmethod
     def check(value: str) -> str:

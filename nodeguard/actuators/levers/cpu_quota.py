@@ -18,8 +18,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.levers.base import Version, Write, note_drift, refusal
+from nodeguard.actuators.levers.base import Version, Write, Writer, note_drift, refusal
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.log import get_logger
 from nodeguard.model.levers import CPU_QUOTA
@@ -104,7 +103,7 @@ class QuotaLever:
     name = CPU_QUOTA.name
     noun = CPU_QUOTA.noun
 
-    def __init__(self, writer: CgroupWriter, version: str) -> None:
+    def __init__(self, writer: Writer, version: str) -> None:
         self.writer = writer
         self.version: Version = "v2" if version == "v2" else "v1"
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.levers.base import Version, Write, refusal, writes_back
+from nodeguard.actuators.levers.base import Version, Write, Writer, refusal, writes_back
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
 from nodeguard.model.levers import CPU_WEIGHT
 from nodeguard.model.snapshot import WorkloadUsage
@@ -50,7 +49,7 @@ class WeightLever:
     name = CPU_WEIGHT.name
     noun = CPU_WEIGHT.noun
 
-    def __init__(self, writer: CgroupWriter, version: str) -> None:
+    def __init__(self, writer: Writer, version: str) -> None:
         self.writer = writer
         self.version: Version = "v2" if version == "v2" else "v1"
         self.file = V2_WEIGHT if version == "v2" else V1_SHARES

@@ -35,8 +35,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Mapping, Sequence
 
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.levers.base import Version, Write, refusal, writes_back
+from nodeguard.actuators.levers.base import Version, Write, Writer, refusal, writes_back
 from nodeguard.errors import ActuationRefused, ParseError
 from nodeguard.model.levers import MEMORY_HIGH
 from nodeguard.model.snapshot import WorkloadUsage
@@ -62,7 +61,7 @@ class MemoryHighLever:
     name = MEMORY_HIGH.name
     noun = MEMORY_HIGH.noun
 
-    def __init__(self, writer: CgroupWriter, version: str) -> None:
+    def __init__(self, writer: Writer, version: str) -> None:
         self.writer = writer
         self.version: Version = "v2" if version == "v2" else "v1"
         self.page = mmap.PAGESIZE

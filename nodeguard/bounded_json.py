@@ -17,7 +17,7 @@ class _Full(Exception):
     pass
 
 
-def json_preview(value: object, limit: int = 80) -> str:
+def bounded_json(value: object, limit: int = 80) -> str:
     """At most ``limit`` characters of ``value`` as JSON; longer or deeper parts end in '...'."""
     parts: list[str] = []
     size = 0
