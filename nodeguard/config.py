@@ -24,7 +24,7 @@ from pydantic import (
 from nodeguard.actuators.settings import ActuationSettings
 from nodeguard.atomic_file import UnsafeFile, read_regular_file
 from nodeguard.bounded_json import bounded_json
-from nodeguard.config_base import Model, format_errors
+from nodeguard.config_base import Model, cross_field, format_errors
 from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.settings import GateSettings
@@ -66,6 +66,7 @@ class LabelExpression(Model):
     values: list[str] = []
 
     @model_validator(mode="after")
+    @cross_field("`In` and `NotIn` need `values`; `Exists` and `DoesNotExist` take none", "operator", "values")
     def _values_fit_operator(self) -> LabelExpression:
         if self.operator in ("In", "NotIn") and not self.values:
             raise ValueError(f"operator {self.operator} needs values")

@@ -9,9 +9,9 @@ the kernel is given would fail on it).
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
@@ -53,6 +53,39 @@ class Model(BaseModel):
         if _has_nul(value):
             raise ValueError("must not contain a NUL byte")
         return value
+
+
+Validator = TypeVar("Validator", bound=Callable[..., Any])
+_RULES = "__config_rules__"
+
+
+def cross_field(text: str, *keys: str) -> Callable[[Validator], Validator]:
+    """Declare a rule across fields that the validator below checks: the configuration reference shows ``text``
+    beside each of ``keys`` (the model's JSON keys). Innermost, right above the ``def``."""
+
+    def mark(validator: Validator) -> Validator:
+        setattr(validator, _RULES, ((text, keys), *getattr(validator, _RULES, ())))
+        return validator
+
+    return mark
+
+
+def declared_rules(validator: Callable[..., Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The (text, keys) of each rule ``cross_field`` declared on a validator."""
+    return tuple(getattr(validator, _RULES, ()))
+
+
+def rules_of(model: type[BaseModel]) -> dict[str, list[str]]:
+    """JSON key -> the rules across fields that the model's validators declare on it, in the order declared."""
+    found: dict[str, list[str]] = {}
+    decorators = model.__pydantic_decorators__
+    validators = [d.func for d in decorators.field_validators.values()]
+    validators += [d.func for d in decorators.model_validators.values()]
+    for validator in validators:
+        for text, keys in declared_rules(validator):
+            for key in keys:
+                found.setdefault(key, []).append(text)
+    return found
 
 
 class LazyModel(Model):

@@ -3,10 +3,12 @@
     .venv/bin/python scripts/config_reference.py > docs/reference/configuration.md
 
 Every key of every section comes from ``nodeguard.config.json_schema()`` (what
-``nodeguard schema`` prints): its type, default, bounds and description. The
-objective metrics and actions come from the capability registry
-(``nodeguard.policy.metrics.CAPABILITIES``) and the comparators from
-``nodeguard.policy.ranking``. A key without a description in the models takes
+``nodeguard schema`` prints): its type, default, bounds and description; the
+bounds are the ones the models validate (tests/docs/test_config_bounds.py probes
+each), and the rules across keys come from the validators that check them
+(``nodeguard.config_base.cross_field``). The objective metrics and actions
+come from the capability registry (``nodeguard.policy.metrics.CAPABILITIES``)
+and the comparators from ``nodeguard.policy.ranking``. A key without a description in the models takes
 its meaning from ``MEANINGS`` below; a key with neither stops the generator, so
 a new key cannot go undocumented. Not imported by the daemon.
 """
@@ -17,9 +19,13 @@ import json
 import re
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from nodeguard.config import json_schema
+from pydantic import BaseModel
+
+from nodeguard.config import Document, json_schema
+from nodeguard.config_base import Model, rules_of
 from nodeguard.policy.metrics import CAPABILITIES, Metric
 from nodeguard.policy.ranking import COMPARATORS
 
@@ -35,7 +41,7 @@ MEANINGS = {
     "nodeSelector.matchLabels": "labels the node must have, each with this value",
     "nodeSelector.matchExpressions": "expressions that must all hold",
     "nodeSelector.matchExpressions[].key": "the label",
-    "nodeSelector.matchExpressions[].operator": "`In` and `NotIn` take `values`; `Exists` and `DoesNotExist` none",
+    "nodeSelector.matchExpressions[].operator": "how the label is compared with `values`",
     "nodeSelector.matchExpressions[].values": "the values `In` and `NotIn` compare with",
     "sensing": "where and how often nodeguard reads the node",
     "sensing.cgroupVersion": "the cgroup hierarchy to read and write; `auto` detects it",
@@ -54,8 +60,8 @@ MEANINGS = {
     "guard.objectives[].action": "what the guard does past the threshold (see [Actions](#actions))",
     "guard.objectives[].threshold": "the waterline",
     "guard.objectives[].triggerAfter": "ticks past the threshold in a row before acting",
-    "guard.objectives[].restoreBelow": "throttle only, required there: throttles are released below this, "
-    "strictly below `threshold` (the dead-band)",
+    "guard.objectives[].restoreBelow": "throttles are released below this (the dead-band between it and "
+    "`threshold` keeps them from flapping)",
     "guard.objectives[].restoreAfter": "ticks below `restoreBelow` in a row before restoring",
     "guard.objectives[].dryRun": "log what this objective would do instead of doing it",
     "guard.candidates": "which workloads the guard may act on",
@@ -63,8 +69,8 @@ MEANINGS = {
     "guard.evictions": "the eviction budget",
     "guard.dryRun": "log every action of the guard instead of making it",
     "actuation": "how nodeguard changes the system, and how it undoes it",
-    "actuation.ledgerPath": "the ledger of originals: every lever's change (quota, weight) is recorded there before "
-    "it is written",
+    "actuation.ledgerPath": "the ledger of originals: every lever's change (CPU quota, CPU weight, memory.high) is "
+    "recorded there before it is written",
     "actuation.evictionGraceSeconds": "cgroup evictions: time between SIGTERM and killing what is left",
     "actuation.freezeBeforeEviction": "cgroup v2: freeze the group while signalling it (no new forks meanwhile)",
     "http": "the daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status",
@@ -144,10 +150,56 @@ class Undocumented(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Bounds:
+    """The bounds of a number (of each value of an object, or item of a list, when ``each``); None: unbounded."""
+
+    integer: bool
+    minimum: float | None
+    exclusive_minimum: float | None
+    maximum: float | None
+    each: bool
+
+    def texts(self) -> list[str]:
+        parts = []
+        if self.minimum is not None:
+            parts.append(f"≥ {_number(self.minimum)}")
+        if self.exclusive_minimum is not None:
+            parts.append(f"> {_number(self.exclusive_minimum)}")
+        if self.maximum is not None:
+            parts.append(f"≤ {_number(self.maximum)}")
+        if self.each and parts:
+            parts[0] = f"each {parts[0]}"
+        return parts
+
+
+def _models() -> dict[str, type[BaseModel]]:
+    """Every config model by its name, the name its schema has in ``$defs``."""
+    found: dict[str, type[BaseModel]] = {}
+    pending: list[type[BaseModel]] = [Model]
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        found[cls.__name__] = cls
+    return found
+
+
+def _bounds(schema: dict[str, Any], *, each: bool) -> Bounds:
+    return Bounds(
+        schema["type"] == "integer", schema.get("minimum"), schema.get("exclusiveMinimum"), schema.get("maximum"), each
+    )
+
+
 class Reference:
     def __init__(self) -> None:
         self.schema = json_schema()
         self.defs: dict[str, Any] = self.schema["$defs"]
+        self.models = _models()
+
+    def rules(self, path: str, schema: dict[str, Any]) -> dict[str, list[str]]:
+        """Key -> the rules across keys that the section's model checks (declared on its validators)."""
+        model = Document if path == "" else self.models.get(schema.get("title", ""))
+        return {} if model is None else rules_of(model)
 
     def resolve(self, node: dict[str, Any]) -> dict[str, Any]:
         while "$ref" in node:
@@ -189,22 +241,28 @@ class Reference:
             str(kind), str(kind)
         )
 
-    def bounds(self, node: dict[str, Any]) -> str:
+    def number_of(self, node: dict[str, Any]) -> Bounds | None:
+        """The bounds of the number a key takes (or of each value or item of it), as validation applies them."""
         node = self.resolve(node)
         for each in node.get("anyOf", [node]):
             member = self.resolve(each)
-            parts = []
-            if "minimum" in member:
-                parts.append(f"≥ {_number(member['minimum'])}")
-            if "exclusiveMinimum" in member:
-                parts.append(f"> {_number(member['exclusiveMinimum'])}")
-            if "maximum" in member:
-                parts.append(f"≤ {_number(member['maximum'])}")
-            if "minItems" in member:
+            inner = member.get("additionalProperties") if member.get("type") == "object" else member.get("items")
+            if isinstance(inner, dict) and self.resolve(inner).get("type") in ("integer", "number"):
+                return _bounds(self.resolve(inner), each=True)
+            if member.get("type") in ("integer", "number"):
+                return _bounds(member, each=False)
+        return None
+
+    def bounds(self, node: dict[str, Any]) -> str:
+        node = self.resolve(node)
+        parts = []
+        number = self.number_of(node)
+        if number is not None:
+            parts += number.texts()
+        for each in node.get("anyOf", [node]):
+            if "minItems" in (member := self.resolve(each)):
                 parts.append(f"at least {member['minItems']} item(s)")
-            if parts:
-                return ", ".join(parts)
-        return ""
+        return ", ".join(parts)
 
     def sections(self) -> Iterator[tuple[str, str, dict[str, Any]]]:
         """(path, heading suffix, object schema) of every object in the document, depth first, in key order."""
@@ -284,7 +342,8 @@ def render() -> str:
         "",
         "One JSON file for the whole fleet, validated by `nodeguard check-config FILE` (its JSON Schema: "
         "`nodeguard schema`, also `packaging/nodeguard.schema.json`). Every object rejects unknown keys. "
-        "Bounds are inclusive unless marked `>`. Amounts such as thresholds take a number in the metric's "
+        "Bounds are inclusive unless marked `>`; a rule across keys is shown beside each key it binds. Amounts "
+        "such as thresholds take a number in the metric's "
         'unit, a string with a suffix (`"1500m"` cores, `"8Gi"` bytes) or a percentage of the node (`"80%"`).',
         "",
         "A node's settings are `global` with every matching `perNode` rule laid over it, in list order: objects "
@@ -304,7 +363,8 @@ def render() -> str:
         if description:
             out += [description[0].upper() + description[1:].rstrip(".") + ".", ""]
         required = set(schema.get("required", []))
-        out += ["| key | type | default | unit | bounds | meaning |", "|---|---|---|---|---|---|"]
+        rules = ref.rules(path, schema)
+        out += ["| key | type | default | unit | bounds and rules | meaning |", "|---|---|---|---|---|---|"]
         for key, node in schema.get("properties", {}).items():
             key_path = f"{path}{suffix}.{key}" if path and path != "global" else key
             meaning = ref.meaning(key_path, node)
@@ -317,7 +377,8 @@ def render() -> str:
                 name = f"[`{key}`](#{anchor(target)})"
             out.append(
                 f"| {name} | {_cell(ref.type_of(node))} | {_cell(_default(ref.resolve(node), key in required))} "
-                f"| {unit_of(key)} | {ref.bounds(node)} | {_cell(meaning)} |"
+                f"| {unit_of(key)} | {_cell('; '.join(filter(None, [ref.bounds(node), *rules.get(key, [])])))} "
+                f"| {_cell(meaning)} |"
             )
         if path == "perNode":
             out.append("| any key of [`global`](#global) | | | | | laid over `global` where the selector matches |")

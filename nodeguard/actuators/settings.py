@@ -13,7 +13,9 @@ class ActuationSettings(Model):
     """How nodeguard changes the system, and how it undoes it."""
 
     dry_run: bool = Field(False, description="log every write and eviction instead of making it")
-    ledger_path: FilePath = Field("/run/nodeguard/ledger.json", description="the ledger of original quotas")
+    ledger_path: FilePath = Field(
+        "/run/nodeguard/ledger.json", description="the ledger of original values (CPU quotas and weights, memory.high)"
+    )
     on_start: Literal["restore", "adopt"] = Field(
         "restore", description="throttles found in the ledger at start: restore them, or keep holding them"
     )

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from nodeguard.config_base import Model
+from nodeguard.config_base import Model, cross_field
 from nodeguard.coordination.names import valid_name
 from nodeguard.errors import NodeguardError
 
@@ -29,6 +29,7 @@ class TlsSettings(Model):
     key_file: str | None = Field(None, description="client private key (PEM)")
 
     @model_validator(mode="after")
+    @cross_field("`certFile` and `keyFile` go together", "certFile", "keyFile")
     def _pair(self) -> TlsSettings:
         if (self.key_file is None) != (self.cert_file is None):
             raise ValueError("certFile and keyFile go together")
@@ -49,6 +50,7 @@ class BrokerSettings(Model):
 
     @field_validator("password_env")
     @classmethod
+    @cross_field("`passwordFile` or `passwordEnv`, not both", "passwordFile", "passwordEnv")
     def _one_password(cls, value: str | None, info: ValidationInfo) -> str | None:
         if value is not None and info.data.get("password_file") is not None:
             raise ValueError("give passwordFile or passwordEnv, not both")
@@ -117,6 +119,11 @@ class CoordinationSettings(Model):
 
     @field_validator("lease_seconds")
     @classmethod
+    @cross_field(
+        "`leaseSeconds` ≤ `willDelaySeconds` − max(1, `willDelaySeconds` / 10): the lease ends before the will fires",
+        "leaseSeconds",
+        "willDelaySeconds",
+    )
     def _lease(cls, value: float, info: ValidationInfo) -> float:
         will = info.data.get("will_delay_seconds")
         if will is not None and value > will - will_margin(will):
@@ -134,6 +141,8 @@ class CoordinationSettings(Model):
         return value
 
     @model_validator(mode="after")
+    @cross_field("`heartbeatSeconds` ≤ `leaseSeconds` / 2", "heartbeatSeconds", "leaseSeconds")
+    @cross_field("`enabled` needs `seeds` (or `nodes`) and `semaphores`", "enabled")
     def _complete(self) -> CoordinationSettings:
         if self.heartbeat_seconds is not None and self.heartbeat_seconds > self.lease_seconds / 2:
             raise ValueError("heartbeatSeconds must be at most half of leaseSeconds")

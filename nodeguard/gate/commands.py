@@ -84,7 +84,12 @@ def _hook_options(hook: argparse.ArgumentParser) -> None:
 
 def _gatectl_options(ctl: argparse.ArgumentParser) -> None:
     _common_options(ctl)
-    ctl.add_argument("action", choices=["status", "ready", "release", "cancel"])
+    ctl.add_argument(
+        "action",
+        choices=["status", "ready", "release", "cancel"],
+        help="status: the gate and its loads; ready: a starting load is ready; release: the load is done with, "
+        "it leaves the gate and frees its slot; cancel: fail a pending or starting load",
+    )
     ctl.add_argument("name", nargs="?", help="the load (required except for status)")
     ctl.set_defaults(handler=cmd_gatectl)
 

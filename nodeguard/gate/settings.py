@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from nodeguard.config_base import Model
+from nodeguard.config_base import Model, cross_field
 
 _MODE = re.compile(r"^0?[0-7]{3}$")
 _ACCOUNT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+MAX_ID = 2**32 - 2  # a uid or gid: (uid_t)-1 means "unchanged" to chown
+Id = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 
 class GateSettings(Model):
@@ -23,12 +26,12 @@ class GateSettings(Model):
     enabled: bool = Field(True, description="serve the gate socket")
     socket: str = Field("/run/nodeguard/gate.sock", description="the unix socket clients connect to")
     socket_mode: str = Field("0660", description='permissions of the socket, octal as a string, e.g. "0660"')
-    socket_owner: int | str | None = Field(None, description="user (name or uid) owning the socket; default: ours")
-    socket_group: int | str | None = Field(None, description="group (name or gid) of the socket; default: ours")
-    allowed_uids: list[int] = Field(
+    socket_owner: Id | str | None = Field(None, description="user (name or uid) owning the socket; default: ours")
+    socket_group: Id | str | None = Field(None, description="group (name or gid) of the socket; default: ours")
+    allowed_uids: list[Id] = Field(
         [], description="peers with these uids may use the gate (root and the daemon's own user always may)"
     )
-    allowed_gids: list[int] = Field([], description="peers whose primary gid is one of these may use the gate")
+    allowed_gids: list[Id] = Field([], description="peers whose primary gid is one of these may use the gate")
 
     max_starting: int | None = Field(None, ge=1, le=100_000, description="loads starting at once on this node")
     max_starting_per_core: float | None = Field(
@@ -79,24 +82,18 @@ class GateSettings(Model):
             raise ValueError('expected an octal mode like "0660"')
         return value
 
-    @field_validator("socket_owner", "socket_group")
+    @field_validator("socket_owner", "socket_group", mode="before")
     @classmethod
-    def _account(cls, value: int | str | None) -> int | str | None:
-        if isinstance(value, int) and not 0 <= value < 2**32 - 1:
-            raise ValueError("expected an id between 0 and 4294967294")
+    def _account(cls, value: object) -> object:
+        # Before the union is tried: an id out of range is one error, not one for each of its members.
+        if isinstance(value, int) and not 0 <= value <= MAX_ID:
+            raise ValueError(f"expected an id between 0 and {MAX_ID}")
         if isinstance(value, str) and not _ACCOUNT.match(value):
             raise ValueError("expected a user or group name, or a numeric id")
         return value
 
-    @field_validator("allowed_uids", "allowed_gids")
-    @classmethod
-    def _ids(cls, value: list[int]) -> list[int]:
-        for item in value:
-            if not 0 <= item < 2**32 - 1:
-                raise ValueError(f"expected ids between 0 and 4294967294, got {item}")
-        return value
-
     @model_validator(mode="after")
+    @cross_field("`minRate` ≤ `maxRate`", "minRate", "maxRate")
     def _rates_consistent(self) -> GateSettings:
         if self.max_rate is not None and self.min_rate > self.max_rate:
             raise ValueError(f"minRate ({self.min_rate}) must not exceed maxRate ({self.max_rate})")

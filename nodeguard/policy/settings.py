@@ -7,15 +7,17 @@ from typing import Annotated, Literal
 from pydantic import (
     AfterValidator,
     Field,
+    GetJsonSchemaHandler,
     PlainSerializer,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
 
-from nodeguard.config_base import Model
+from nodeguard.config_base import Model, cross_field
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.metrics import CAPABILITIES, Metric
 from nodeguard.policy.ranking import COMPARATORS
@@ -67,6 +69,7 @@ class Objective(Model):
 
     @field_validator("threshold", mode="before")
     @classmethod
+    @cross_field("`threshold` in the unit of `metric`; as a percentage ≤ 100 (any for `load_average`)", "threshold")
     def _threshold(cls, raw: object, info: ValidationInfo) -> Quantity:
         return parse_quantity(raw, _unit(info))
 
@@ -79,6 +82,7 @@ class Objective(Model):
 
     @field_validator("action")
     @classmethod
+    @cross_field("`action` one that `metric` takes (see [Objective metrics](#objective-metrics))", "action")
     def _action_possible(cls, action: str, info: ValidationInfo) -> str:
         metric = info.data.get("metric")
         if metric is not None and action == "evict" and not CAPABILITIES[metric].evictable:
@@ -91,6 +95,8 @@ class Objective(Model):
 
     @field_validator("restore_below", mode="before")
     @classmethod
+    @cross_field("`restoreBelow` required with `action` `throttle`, not allowed with `evict`", "restoreBelow")
+    @cross_field("`restoreBelow` < `threshold`, both percentages or neither", "restoreBelow")
     def _restore_below(cls, raw: object, info: ValidationInfo) -> Quantity | None:
         action = info.data.get("action")
         if action == "evict":
@@ -111,6 +117,7 @@ class Objective(Model):
         return restore
 
     @model_validator(mode="after")
+    @cross_field("`protect` only with `metric` `protected_cpu_stall` or `protected_memory_stall`", "protect")
     def _protect_needs_stall(self) -> Objective:
         if self.protect is not None and not CAPABILITIES[self.metric].protected:
             raise PydanticCustomError(
@@ -205,18 +212,17 @@ def _bytes(raw: object) -> int:
     return round(parse_quantity(raw, Unit.BYTES).value)
 
 
-ByteAmount = Annotated[
-    int,
-    WithJsonSchema(
-        {
-            "anyOf": [
-                {"type": "integer", "minimum": 0},
-                {"type": "string", "pattern": r"^\s*[0-9.]+\s*([KMGTP]i?B?|k)?\s*$"},
-            ],
+class _BytesSchema:
+    """The JSON Schema of bytes given as a number or like "64Mi": the number with the field's own bounds."""
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {
+            "anyOf": [handler(schema), {"type": "string", "pattern": r"^\s*[0-9.]+\s*([KMGTP]i?B?|k)?\s*$"}],
             "description": 'bytes: a number, or like "64Mi", "1G"',
         }
-    ),
-]
+
+
+ByteAmount = Annotated[int, _BytesSchema()]
 
 
 class MemorySettings(Model):
@@ -296,6 +302,7 @@ class GuardSettings(Model):
     dry_run: bool = False
 
     @model_validator(mode="after")
+    @cross_field("`weightHoldSeconds` equal to `protect.weightHoldSeconds` when both are given", "weightHoldSeconds")
     def _weight_hold_alias(self) -> GuardSettings:
         # The deprecated top-level key drove both timers; it fills what protect does not set itself.
         hold = self.weight_hold_seconds
@@ -317,6 +324,7 @@ class GuardSettings(Model):
         return self
 
     @model_validator(mode="after")
+    @cross_field("no `evict` objective on `cpu_pressure` beside a `throttle` objective", "objectives")
     def _no_self_inflicted_evictions(self) -> GuardSettings:
         if not any(o.action == "throttle" for o in self.objectives):
             return self

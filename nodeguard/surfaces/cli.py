@@ -73,6 +73,16 @@ class Commands(_Subcommands):
         self._name_parser_map[name] = None  # type: ignore[assignment]  # a valid choice; made in __call__
         self.pending[name] = (options, kwargs)
 
+    def built(self, name: str) -> argparse.ArgumentParser:
+        """The parser of command ``name``, made now if it was not yet."""
+        if name in self.pending:
+            options, kwargs = self.pending.pop(name)
+            del self._name_parser_map[name]
+            sub = self.add_parser(name, formatter_class=_Formatter, **kwargs)
+            if options is not None:
+                options(sub)
+        return self._name_parser_map[name]
+
     def __call__(
         self,
         parser: argparse.ArgumentParser,
@@ -81,18 +91,15 @@ class Commands(_Subcommands):
         option_string: str | None = None,
     ) -> None:
         assert isinstance(values, list) and values
-        if values[0] in self.pending:
-            options, kwargs = self.pending.pop(values[0])
-            del self._name_parser_map[values[0]]
-            sub = self.add_parser(values[0], formatter_class=_Formatter, **kwargs)
-            if options is not None:
-                options(sub)
+        self.built(values[0])
         super().__call__(parser, namespace, values, option_string)
 
 
 def _with_config(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--config", "-c", type=_path, help="per-node JSON config (default: built-in defaults)")
-    sub.add_argument("--node-name", help="this node's name (default: $NODE_NAME or the hostname)")
+    sub.add_argument(
+        "--config", "-c", type=_path, metavar="FILE", help="the JSON config file (default: built-in defaults)"
+    )
+    sub.add_argument("--node-name", metavar="NAME", help="this node's name (default: $NODE_NAME or the hostname)")
     sub.add_argument(
         "--node-label",
         action="append",
@@ -106,13 +113,25 @@ def _snapshot_options(snap: argparse.ArgumentParser) -> None:
     _with_config(snap)
     snap.add_argument("--json", action="store_true", help="one JSON object per snapshot")
     snap.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS until Ctrl-C")
-    snap.add_argument("--interval", type=float, default=1.0, help="seconds between the two reads for rates")
+    snap.add_argument(
+        "--interval", type=float, default=1.0, metavar="SECONDS", help="between the two reads that rates come from"
+    )
 
 
 def _check_options(check: argparse.ArgumentParser) -> None:
-    check.add_argument("file", type=_path)
-    check.add_argument("--node-name", help="also show the settings merged for this node")
-    check.add_argument("--node-label", action="append", default=[], metavar="KEY=VALUE")
+    check.add_argument("file", type=_path, help="the config file to check")
+    check.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="check the settings merged for this node (default: $NODE_NAME or the hostname)",
+    )
+    check.add_argument(
+        "--node-label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label of the node, for perNode rules (repeatable)",
+    )
 
 
 def _run_options(run: argparse.ArgumentParser) -> None:
@@ -130,11 +149,13 @@ def _plan_options(plan: argparse.ArgumentParser) -> None:
         help="pretend the node's METRIC is VALUE, e.g. cpu_total_usage=7.5 (repeatable)",
     )
     plan.add_argument("--json", action="store_true", help="the decision trace as one JSON line")
-    plan.add_argument("--interval", type=float, default=1.0, help="seconds between the two reads for rates")
+    plan.add_argument(
+        "--interval", type=float, default=1.0, metavar="SECONDS", help="between the two reads that rates come from"
+    )
 
 
 def _demo_options(demo: argparse.ArgumentParser) -> None:
-    demo.add_argument("--seconds", type=float, default=30.0)
+    demo.add_argument("--seconds", type=float, default=30.0, metavar="SECONDS", help="how long the demo runs")
 
 
 def _status_options(status: argparse.ArgumentParser) -> None:
@@ -144,31 +165,94 @@ def _status_options(status: argparse.ArgumentParser) -> None:
 
 def _restore_options(restore: argparse.ArgumentParser) -> None:
     _with_config(restore)
-    restore.add_argument("--all", action="store_true", required=True, help="every entry of the ledger")
-    restore.add_argument("--ledger", help="ledger file (default: actuation.ledgerPath of the config)")
+    restore.add_argument(
+        "--all", action="store_true", required=True, help="every record of the ledger (required: nothing less is done)"
+    )
+    restore.add_argument(
+        "--ledger", metavar="FILE", help="the ledger file (default: actuation.ledgerPath of the config)"
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodeguard", description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"nodeguard {__version__}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least level logged; before the command: nodeguard --log-level debug run",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", action=Commands)
     assert isinstance(commands, Commands)
-    commands.command("snapshot", _snapshot_options, help="show node and per-workload usage now")
-    commands.command("check-config", _check_options, help="validate a config file; exit 1 if invalid, 2 if unreadable")
-    commands.command("schema", None, help="print the config's JSON Schema")
-    commands.command("run", _run_options, help="run the daemon (guard, and later gate and coordination)")
-    commands.command("plan", _plan_options, help="show what the guard would do now, without acting")
-    commands.command("demo", _demo_options, help="watch nodeguard throttle burners on this machine (about 30 s)")
-    commands.command("status", _status_options, help="the running daemon's status (reads its /status endpoint)")
+    commands.command(
+        "snapshot",
+        _snapshot_options,
+        help="show node and per-workload usage now",
+        description="Read the node and its workloads twice, --interval apart, and show the node's CPU, load, memory "
+        "and pressure, and each workload's cores, CPU quota, throttling, memory and CPU stall. Changes nothing.",
+    )
+    commands.command(
+        "check-config",
+        _check_options,
+        help="validate a config file; exit 1 if invalid, 2 if unreadable",
+        description="Validate a config file as nodeguard run does, every error with its JSON path, and say which "
+        "perNode rules apply to this node.",
+    )
+    commands.command(
+        "schema",
+        None,
+        help="print the config's JSON Schema",
+        description="Print the JSON Schema of the config file (also packaging/nodeguard.schema.json), for editors.",
+    )
+    commands.command(
+        "run",
+        _run_options,
+        help="run the daemon: the guard, the start gate and cluster coordination",
+        description="Sense, plan, act and record every tick until stopped. SIGTERM or SIGINT stops it and puts back "
+        "every lever it holds (CPU quotas and weights, memory.high) unless actuation.onExit is keep; SIGHUP reloads "
+        "the config file.",
+    )
+    commands.command(
+        "plan",
+        _plan_options,
+        help="show what the guard would do now, without acting",
+        description="Read the node twice, --interval apart, and show what the guard would do now: readings against "
+        "the waterlines, gaps, actions, blocked metrics and every candidate's sort keys. Changes nothing.",
+    )
+    commands.command(
+        "demo",
+        _demo_options,
+        help="watch nodeguard throttle burners on this machine (about 30 s)",
+        description="Create scratch cgroups with an important workload and four CPU burners, run the guard against "
+        "them with a live view, and remove everything at the end. Where it may not create cgroups, a dry run on "
+        "this machine's own cgroups.",
+    )
+    commands.command(
+        "status",
+        _status_options,
+        help="the running daemon's status (reads its /status endpoint)",
+        description="Show the running daemon's /status (at http.listen of the config): the node against its "
+        "waterlines, what it holds back with original and current values, the gate, the cluster's semaphores.",
+    )
 
     from nodeguard.gate.commands import add_gate_commands
 
     add_gate_commands(commands)  # gate, admit, oci-hook, gatectl: each sets its own handler
     commands.command(
-        "restore", _restore_options, help="restore quotas recorded in the ledger; works while the daemon is down"
+        "restore",
+        _restore_options,
+        help="put back every lever recorded in the ledger; works while the daemon is down",
+        description="Put back every CPU quota, CPU weight and memory.high recorded in the ledger, one line per group "
+        "with its outcome. Refuses while a daemon acts on the node: stop it instead (SIGTERM restores too).",
     )
     return parser
+
+
+def command_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line's parser and every command's, all made (a run makes only its own): for the reference."""
+    parser = _parser()
+    commands = next(action for action in parser._actions if isinstance(action, Commands))
+    return parser, {name: commands.built(name) for name in list(commands.choices)}
 
 
 def load_settings(args: argparse.Namespace) -> Settings:

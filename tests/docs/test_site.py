@@ -1,5 +1,5 @@
 """The documentation site: mkdocs (Material) builds docs/ with --strict, and a headless Chromium renders the start
-page and the configuration reference with every internal link resolving."""
+page and the reference pages with every internal link resolving."""
 
 from __future__ import annotations
 
@@ -129,6 +129,8 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
     [
         ("index.html", ("nodeguard", 1, ["Getting started", "Configuration reference"])),
         ("reference/configuration.html", ("Configuration reference", 15, ["tickSeconds", "protected_cpu_stall"])),
+        ("reference/commands.html", ("Commands", 20, ["--semaphore", "--if-unavailable"])),
+        ("reference/events.html", ("Kubernetes Events", 2, ["NodeguardThrottled", "NodeguardWeightLowered"])),
     ],
 )
 def test_chromium_renders_the_page_and_its_internal_links_resolve(
