@@ -22,7 +22,9 @@ NAMESPACE = "nodeguard"
 
 
 def manifest_files() -> list[Path]:
-    return sorted([*MANIFESTS.glob("*.yaml"), *MANIFESTS.glob("*.yml")])
+    """The Kubernetes objects of the folder: every YAML file but the kustomization that lists them."""
+    found = [*MANIFESTS.glob("*.yaml"), *MANIFESTS.glob("*.yml")]
+    return sorted(path for path in found if path.name != "kustomization.yaml")
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
