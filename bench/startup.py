@@ -20,7 +20,8 @@ children's working directory and first on their PYTHONPATH).
   ``hook_poststop_ms`` the same at poststop (it releases the load).
 - ``exec_to_first_tick_ms``: ``nodeguard run --dry-run`` with
   packaging/examples/kubernetes.json (its cgroupRoot, socket, ledger and HTTP
-  port pointed at this host and this run; gate and HTTP on as in the example)
+  port pointed at this host and this run; gate and HTTP on as in the example;
+  its Kubernetes integration off, as no API server runs here)
   on a kubelet-shaped tree (tests/integration/harness.py: pods under
   ``<parent>/kubepods/burstable`` and a Guaranteed pod, limits at pod and
   container, in this host's v1 cpu hierarchy or the v2 mount), from exec to
@@ -147,6 +148,7 @@ def example_config(run: Run, node: Any, tag: str, tick: float | None = None) -> 
     g["actuation"] = {"ledgerPath": str(state / "ledger.json")}
     g["gate"] = {"socket": str(state / "gate.sock")}
     g["http"] = {"listen": "127.0.0.1:0"}
+    g["kubernetes"] = {"enabled": False}  # no API server here
     return config
 
 

@@ -172,11 +172,11 @@ sys.exit(main(["run", "--dry-run", "--config", sys.argv[1]]))
 
 
 def daemon_modules(tmp_path: Path, gate: dict[str, Any]) -> list[str]:
-    """The modules `nodeguard run` with the example kubernetes config (coordination and Kubernetes off) and this
-    gate section has loaded after two ticks (JSON logs, HTTP on)."""
+    """The modules `nodeguard run` with the example kubernetes config (coordination and Kubernetes turned off) and
+    this gate section has loaded after two ticks (JSON logs, HTTP on)."""
     config = json.loads(EXAMPLE.read_text())
     assert not config["global"].get("coordination", {}).get("enabled", False)
-    assert not config["global"].get("kubernetes", {}).get("enabled", False)
+    config["global"]["kubernetes"] = {"enabled": False}
     config["global"]["sensing"].update({"cgroupRoot": "/sys/fs/cgroup", "tickSeconds": 0.05})
     config["global"]["actuation"] = {"ledgerPath": str(tmp_path / "ledger.json")}
     config["global"]["gate"] = {"socket": str(tmp_path / "gate.sock"), **gate}

@@ -6,8 +6,9 @@ as ``--build-arg BASE_IMAGE``. The container's options come from
 ``packaging/kubernetes/daemonset.yaml`` (privileged, host PID namespace, root,
 read-only root file system, its environment, every volume mount at its
 ``mountPath``) and its config from ``configmap.yaml``, with one ``perNode`` rule
-for this test's node. The checks are made from outside: the host's cgroup
-files, the burner's measured CPU time, and the daemon's HTTP endpoints.
+for this test's node and the Kubernetes integration off (no API server runs
+here). The checks are made from outside: the host's cgroup files, the burner's
+measured CPU time, and the daemon's HTTP endpoints.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serve
     with kubepods_parent(podman) as (parent, names):
         config = configmap_config()
         assert config["global"]["sensing"]["cgroupRoot"] == "/host/sys/fs/cgroup"
+        # No API server here: without pod metadata the integration would leave every pod alone.
+        assert config["global"]["kubernetes"]["enabled"] is True
+        config["global"]["kubernetes"]["enabled"] = False
         config["perNode"].append({
             "nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}},
             "sensing": {"kubepodsPaths": [f"{parent}/kubepods"], "tickSeconds": 0.5},

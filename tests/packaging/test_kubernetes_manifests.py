@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from nodeguard.config import Settings, parse_text
+from nodeguard.kubernetes.settings import SERVICE_ACCOUNT_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "packaging" / "kubernetes"
@@ -21,7 +22,9 @@ NAMESPACE = "nodeguard"
 
 
 def manifest_files() -> list[Path]:
-    return sorted([*MANIFESTS.glob("*.yaml"), *MANIFESTS.glob("*.yml")])
+    """The Kubernetes objects of the folder: every YAML file but the kustomization that lists them."""
+    found = [*MANIFESTS.glob("*.yaml"), *MANIFESTS.glob("*.yml")]
+    return sorted(path for path in found if path.name != "kustomization.yaml")
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -174,6 +177,30 @@ def test_configmap_config_passes_nodeguard_validation() -> None:
     assert settings.sensing.proc_root == "/proc"  # hostPID: the pod's /proc is the host's
     assert settings.guard.objectives, "the example config guards nothing"
     assert node_settings({"node.kubernetes.io/pool": "batch"}).guard.dry_run
+
+
+@pytest.mark.parametrize("source", ["configmap.yaml", "examples/kubernetes.json"])
+def test_kubernetes_integration_is_on_with_the_pods_own_credentials(source: str) -> None:
+    """The shipped configs turn the Kubernetes integration on with in-cluster defaults: pod metadata from the API
+    server at the address kubelet gives every pod, the service account's token and CA, evictions through the
+    Eviction API, Events, and the Node's labels for the perNode rules."""
+    text = embedded_config_text() if source == "configmap.yaml" else (REPO / "packaging" / source).read_text()
+    kube = parse_text(text, source).settings_for({"kubernetes.io/hostname": "node-1"}).kubernetes
+    assert kube.enabled
+    assert (kube.source, kube.evict_via, kube.events, kube.node_labels_from_api) == ("apiserver", "api", True, True)
+    assert kube.api_server_url is None  # KUBERNETES_SERVICE_HOST and _PORT, which kubelet sets in every pod
+    assert Path(kube.token_path).parent == Path(kube.ca_path).parent == Path(SERVICE_ACCOUNT_DIR)
+
+
+def test_daemonset_pod_gets_its_service_account_token_and_node_name() -> None:
+    """The pod runs as the bound service account with its token mounted where the integration reads it, and gets
+    its node's name (whose pods it lists and whose labels it reads) from spec.nodeName."""
+    pod = one("DaemonSet")["spec"]["template"]["spec"]
+    assert pod.get("automountServiceAccountToken", True) is True
+    assert one("ServiceAccount").get("automountServiceAccountToken", True) is True
+    assert not any(Path(SERVICE_ACCOUNT_DIR).is_relative_to(path) for path in mounts())
+    env = {e["name"]: e for e in daemonset_container()["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
 
 
 def test_daemonset_runs_privileged_in_the_hosts_pid_namespace() -> None:
