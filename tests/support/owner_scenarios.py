@@ -26,11 +26,12 @@ from pathlib import Path
 
 from nodeguard.actuators import drift, levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import Change, Changer
+from nodeguard.actuators.changes import Changer
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.levers.base import Lever
 from nodeguard.errors import CgroupGone
 from nodeguard.log import configure
+from nodeguard.model.levers import LeverChange
 from tests import realcgroups as rc
 from tests.support.owners import Container, Driver, Outcome, Owners, Pod, Version, counts
 
@@ -75,16 +76,18 @@ def hold(node: Node) -> None:
     """nodeguard's holds, ledger first, as its executor writes them."""
     owners, version = node.owners, node.owners.version
     batch, web = (owners.pod_path(node.pods[name]) for name in ("batch", "web"))
-    weights = node.levers["cpu.weight"]
-    assert hasattr(weights, "least_for")
+    def hold(lever: str, group: str, target: str | None, metric: str) -> LeverChange:
+        return LeverChange(lever, group, target, None, release=False, holds_back=True, kind="hold", metric=metric,
+                           reason="owner scenario")  # fmt: skip
+
     changes = [
-        Change("cpu.max", batch, "30000 100000", None, False, "throttle", "cpu_total_usage"),
-        Change("cpu.max", web, "20000 100000", None, False, "throttle", "cpu_total_usage"),
-        *[Change("cpu.weight", tier, str(weights.least_for(tier)), None, False, "lower", "protected_cpu_stall")
+        hold("cpu.max", batch, "30000 100000", "cpu_total_usage"),
+        hold("cpu.max", web, "20000 100000", "cpu_total_usage"),
+        *[hold("cpu.weight", tier, None, "protected_cpu_stall")  # None: the lever's least (cpu.idle on v2)
           for tier in (owners.tier("Burstable"), owners.tier("BestEffort"))],
     ]  # fmt: skip
     if version == "v2":
-        changes += [Change("memory.high", pod, HIGH, None, False, "throttle", "memory_usage") for pod in (batch, web)]
+        changes += [hold("memory.high", pod, HIGH, "memory_usage") for pod in (batch, web)]
     results = Changer(node.ledger, node.levers).apply(changes)
     assert not results.refused and not results.withheld, (results.refused, results.withheld)
 
