@@ -54,6 +54,7 @@ from nodeguard.config import Settings  # noqa: E402
 from nodeguard.daemon import Daemon  # noqa: E402
 from nodeguard.model.samples import CpuMax  # noqa: E402
 from nodeguard.model.snapshot import Snapshot  # noqa: E402
+from nodeguard.policy.holds import HeldThrottle  # noqa: E402
 from nodeguard.sources.sensor import Sensor  # noqa: E402
 from tests import realcgroups as rc  # noqa: E402
 from tests.workloads import start_duty_cycle  # noqa: E402
@@ -175,7 +176,7 @@ def run_strategy(scene_name: str, name: str) -> dict[str, Any]:
                     daemon.tick()
                     snapshot = daemon.last_snapshot
                     assert snapshot is not None
-                    touched |= set(daemon.state.throttles)
+                    touched |= set(daemon.state.held(HeldThrottle))
                 else:
                     snapshot = sensor.sense()
                     strategy = throttle_all if name == "throttle_all" else fixed_step

@@ -14,8 +14,9 @@ canonical text (the form the ledger keeps), with the metric and reason.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from nodeguard.model.workloads import Workload
 
@@ -80,6 +81,21 @@ TERMS: dict[str, LeverTerms] = {terms.name: terms for terms in LEVERS}
 LeverKey = tuple[str, str]  # (lever name, group)
 
 
+class Details(Protocol):
+    """The lever's own view of a change for the decision trace, worked out when the trace asks."""
+
+    def fields(self) -> Iterable[tuple[str, object]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NoDetails:
+    def fields(self) -> Iterable[tuple[str, object]]:
+        return ()
+
+
+NO_DETAILS = NoDetails()
+
+
 @dataclass(frozen=True, slots=True)
 class LeverChange:
     """Set one group's value with one lever: what the plan asks, what the executor applies, what Events tell.
@@ -106,8 +122,8 @@ class LeverChange:
     releases: float | None = None  # what it frees in its resource's own unit (cores, bytes)
     workloads: tuple[str, ...] = ()  # a group's change: the candidates under it it holds back
     # The lever's own view of the change for the decision trace, as the planner worked it out (the values
-    # in their unit, whether it released), in the order the trace shows them.
-    details: tuple[tuple[str, object], ...] = ()
+    # in their unit, whether it released).
+    details: Details = NO_DETAILS
 
     @property
     def key(self) -> LeverKey:

@@ -267,13 +267,15 @@ class PlanContext:
 
     # --- demand: what freed CPU goes to --------------------------------------------
 
-    def _waiting(self, usage: WorkloadUsage, limit: CpuMax | None, candidate: bool = True) -> float:
-        """What it would take of freed CPU, in cores, as far as its own ``limit`` lets it: for a candidate the
-        wait of its never-sleeping threads; for a workload the throttles make room for (protected, more
-        important), all its threads waited for, as it is the one to get the room."""
+    def _waiting(self, usage: WorkloadUsage, draft: Draft | None, candidate: bool = True) -> float:
+        """What it would take of freed CPU, in cores, as far as its own limit lets it (as ``draft`` has planned
+        it; None: as the tick found it): for a candidate the wait of its never-sleeping threads; for a workload
+        the throttles make room for (protected, more important), all its threads waited for, as it is the one
+        to get the room."""
         waiting = usage.starved_cores if candidate else usage.waiting_cores
         if not waiting or usage.cores is None:
             return 0.0
+        limit = self.limit_before(usage) if draft is None else draft.limit(usage)
         cores = None if limit is None else limit.cores
         return waiting if cores is None else min(waiting, max(0.0, cores - usage.cores))
 
@@ -291,7 +293,7 @@ class PlanContext:
         if self._absorbing is None:
             candidates = {u.workload.id for u in self.candidates()}
             waiting = sum(
-                self._waiting(u, self.limit_before(u), wid in candidates)
+                self._waiting(u, None, wid in candidates)
                 for wid, u in self.workloads.items()
                 if wid not in self.evictions
             )
@@ -300,14 +302,14 @@ class PlanContext:
             self._absorbing = (absorbing, absorbing / waiting if waiting > 0 else 0.0)
         return self._absorbing[0]
 
-    def unmet(self, usage: WorkloadUsage, limit: CpuMax | None) -> float:
-        """The part of its wait (within ``limit``, its limit now) that is demand the node did not meet."""
+    def unmet(self, usage: WorkloadUsage, draft: Draft) -> float:
+        """The part of its wait (within its limit as ``draft`` has it now) that is demand the node did not meet."""
         self.absorbing()
         assert self._absorbing is not None
-        return self._absorbing[1] * self._waiting(usage, limit)
+        return self._absorbing[1] * self._waiting(usage, draft)
 
-    def demand(self, usage: WorkloadUsage, limit: CpuMax | None) -> float | None:
-        return None if usage.cores is None else usage.cores + self.unmet(usage, limit)
+    def demand(self, usage: WorkloadUsage, draft: Draft) -> float | None:
+        return None if usage.cores is None else usage.cores + self.unmet(usage, draft)
 
     def idle_cores(self) -> float:
         return max(0.0, self.node.cpus - (self.node.cores_used or float(self.node.cpus)))

@@ -12,12 +12,13 @@ place where one feature sees another's.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 from nodeguard.model.levers import LeverKey
 from nodeguard.model.samples import CpuMax
+from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.policy.actions import Action, Blocked, Cause
 from nodeguard.policy.holds import AnyHold, H, HeldMemory, HeldThrottle, Holds, updated
 from nodeguard.policy.metrics import Metric
@@ -49,6 +50,9 @@ class Decision:
     protect: ProtectState | None = None  # protection's state after it
 
 
+NOTHING = Decision()  # what most features decide on a calm tick
+
+
 @dataclass(frozen=True, slots=True)
 class Planned:
     """What the tick has planned so far: the holds as they will be, and everything decided."""
@@ -74,11 +78,12 @@ class Planned:
     def then(self, decision: Decision) -> Planned:
         """This plan with ``decision`` folded in after everything before it."""
         d = decision
+        if d is NOTHING:
+            return self
         count = dict(self.evicted_count)
         for _, dry in d.evicted:
             count[dry] += 1
-        return replace(
-            self,
+        return Planned(
             holds=updated(self.holds, d.holds) if d.holds else self.holds,
             protect=d.protect if d.protect is not None else self.protect,
             evictions={**self.evictions, **d.evictions} if d.evictions else self.evictions,
@@ -118,10 +123,12 @@ class Draft:
 
     def hold(self, kind: type[H], group: str) -> H | None:
         """The group's hold of this lever as it stands now (this draft's change, else what was planned)."""
-        found = self.holds.get((kind.lever, group), _UNSET)
-        if found is _UNSET:
-            return self.before.held(kind).get(group)
-        return found  # type: ignore[return-value]
+        if self.holds:
+            found = self.holds.get((kind.lever, group), _UNSET)
+            if found is not _UNSET:
+                return found  # type: ignore[return-value]
+        groups = self.before.holds.get(kind.lever)
+        return None if groups is None else groups.get(group)  # type: ignore[return-value]
 
     def current(self, kind: type[H]) -> dict[str, H]:
         """Every hold of this lever as it stands now, in the order they were first held."""
@@ -143,7 +150,18 @@ class Draft:
 
     def quota(self, group: str) -> CpuMax | None:
         """The quota this tick lowered it to, if it did."""
-        return self.quotas.get(group, self.before.quotas.get(group))
+        found = self.quotas.get(group) if self.quotas else None
+        return found if found is not None else self.before.quotas.get(group)
+
+    def limit(self, usage: WorkloadUsage) -> CpuMax | None:
+        """A workload's CPU limit as this tick has planned it so far: the quota lowered now, else nodeguard's
+        hold, else its own."""
+        wid = usage.workload.id
+        planned = self.quota(wid)
+        if planned is not None:
+            return planned
+        held = self.throttle(wid)
+        return held.quota if held is not None else usage.cpu_max
 
     def pending(self, group: str) -> bool:
         """Asked to leave (earlier or in this tick): its holds are not raised."""
@@ -186,6 +204,14 @@ class Draft:
         return None if total == before else total
 
     def decision(self) -> Decision:
+        if not (
+            self.actions or self.blocked or self.cooldowns or self.holds or self.quotas or self.evictions
+            or self.evicted or self.last_eviction or self.protect is not None
+            or self.released_cores != self.before.released_cores
+            or self.released_memory != self.before.released_memory
+            or self.throttled_memory != self.before.throttled_memory
+        ):  # fmt: skip
+            return NOTHING
         return Decision(
             actions=tuple(self.actions),
             blocked=tuple(self.blocked),

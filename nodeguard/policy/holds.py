@@ -73,6 +73,49 @@ class Hold(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaDetails:
+    """A quota change as the trace shows it: the limits in cores, and what it releases or whether it released."""
+
+    quota: CpuMax
+    previous: CpuMax
+    original: CpuMax
+    release_cores: float | None = None  # a throttle's
+    full: bool | None = None  # a restore's
+
+    def fields(self) -> Iterable[tuple[str, object]]:
+        yield "quota", cpu_max_data(self.quota)
+        yield "previous", cpu_max_data(self.previous)
+        yield "original", cpu_max_data(self.original)
+        yield "lever", quota_lever_shown(self.quota, self.original)
+        if self.release_cores is not None:
+            yield "release_cores", self.release_cores
+        if self.full is not None:
+            yield "full", self.full
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryDetails:
+    """A memory.high change as the trace shows it: bytes (or "max"), and what it may release or whether it
+    released."""
+
+    high: int | None
+    previous: int | None
+    original: int | None
+    release_bytes: int | None = None  # a throttle's
+    full: bool | None = None  # a restore's
+
+    def fields(self) -> Iterable[tuple[str, object]]:
+        yield "lever", MEMORY_HIGH.name
+        yield "memory_high", bytes_shown(self.high)
+        yield "previous", bytes_shown(self.previous)
+        yield "original", bytes_shown(self.original)
+        if self.release_bytes is not None:
+            yield "release_bytes", self.release_bytes
+        if self.full is not None:
+            yield "full", self.full
+
+
 def quota_lever_shown(quota: CpuMax, original: CpuMax) -> str:
     """Which knob a throttle turns: the quota, on the workload's own period or another one."""
     if quota.period_us != original.period_us:

@@ -57,7 +57,7 @@ from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QOS_RANK
 from nodeguard.policy.context import PlanContext, fmt
 from nodeguard.policy.decisions import Decision, Draft, Planned
-from nodeguard.policy.holds import HeldMemory, bytes_shown, memory_text
+from nodeguard.policy.holds import HeldMemory, MemoryDetails, memory_text
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import Ranked
 from nodeguard.policy.state import Direction
@@ -210,13 +210,7 @@ def _emit_throttle(
             predicted_release=None if per_unit is None else release * per_unit,
             previous=memory_text(previous),
             releases=release,
-            details=(
-                ("lever", MEMORY_HIGH.name),
-                ("memory_high", bytes_shown(high)),
-                ("previous", bytes_shown(previous)),
-                ("original", bytes_shown(original)),
-                ("release_bytes", release),
-            ),
+            details=MemoryDetails(high, previous, original, release_bytes=release),
         )
     )
     draft.throttled_memory += release
@@ -366,13 +360,7 @@ def _emit_restore(
             gap_before=ctx.gaps.throttle_up.get(metric),
             predicted_release=None if per_unit is None else -step * per_unit,
             previous=memory_text(hold.high),
-            details=(
-                ("lever", MEMORY_HIGH.name),
-                ("memory_high", bytes_shown(new)),
-                ("previous", bytes_shown(hold.high)),
-                ("original", bytes_shown(hold.original)),
-                ("full", full),
-            ),
+            details=MemoryDetails(new, hold.high, hold.original, full=full),
         )
     )
     if dry:

@@ -40,7 +40,8 @@ def begin(ctx: PlanContext, before: Planned) -> Decision:
     line = ctx.stall_line
     if line is not None:
         state = observe(state, ctx.readings[STALL], line.threshold, ctx.now, tuning)
-    draft.protect = state
+    if state != before.protect:
+        draft.protect = state
     if state.trial is None:
         return draft.decision()
     # Quotas held for the stall alone: one a node waterline also holds is that line's to give back.
@@ -98,7 +99,9 @@ def end(ctx: PlanContext, before: Planned, acted: bool) -> Decision:
     holding = bool(draft.current(LoweredWeight)) or any(
         STALL in h.reasons for h in draft.current(HeldThrottle).values()
     )
-    draft.protect = settled(before.protect, acted=acted, holding=holding, below_restore=below, now=ctx.now)
+    after = settled(before.protect, acted=acted, holding=holding, below_restore=below, now=ctx.now)
+    if after != before.protect:
+        draft.protect = after
     return draft.decision()
 
 

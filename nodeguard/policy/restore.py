@@ -35,7 +35,7 @@ from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.policy.context import PlanContext, first_reason, fmt
 from nodeguard.policy.decisions import Decision, Draft, Planned
-from nodeguard.policy.holds import HeldThrottle, cpu_max_data, quota_lever_shown
+from nodeguard.policy.holds import HeldThrottle, QuotaDetails
 from nodeguard.policy.metrics import CAPABILITIES, Metric
 from nodeguard.policy.ranking import GENERAL_SORTER
 from nodeguard.policy.state import Direction
@@ -217,13 +217,7 @@ def _emit_restore(
             gap_before=gap_before,
             predicted_release=None if per_unit is None else -step * per_unit,
             previous=throttle.quota.render_v2(),
-            details=(
-                ("quota", cpu_max_data(new)),
-                ("previous", cpu_max_data(throttle.quota)),
-                ("original", cpu_max_data(throttle.original)),
-                ("lever", quota_lever_shown(new, throttle.original)),
-                ("full", full),
-            ),
+            details=QuotaDetails(new, throttle.quota, throttle.original, full=full),
         )
     )
     if dry:

@@ -28,7 +28,7 @@ from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.policy.context import PlanContext, fmt
 from nodeguard.policy.decisions import Decision, Draft, Planned
-from nodeguard.policy.holds import HeldThrottle, cpu_max_data, quota_lever_shown
+from nodeguard.policy.holds import HeldThrottle, QuotaDetails
 from nodeguard.policy.ranking import Ranked
 from nodeguard.policy.state import Direction
 from nodeguard.policy.tuning import CLOSED_CORES, MIN_QUOTA_US
@@ -76,16 +76,6 @@ def _throttle_one(ctx: PlanContext, draft: Draft, line: Waterline, gap: float, r
     draft.block(line.metric, Direction.THROTTLE, "exhausted", "no candidate can release more" + ctx.holding_note())
 
 
-def current_limit(draft: Draft, usage: WorkloadUsage) -> CpuMax | None:
-    """Its limit as this tick has planned it so far."""
-    wid = usage.workload.id
-    planned = draft.quota(wid)
-    if planned is not None:
-        return planned
-    held = draft.throttle(wid)
-    return held.quota if held is not None else usage.cpu_max
-
-
 def lower(
     ctx: PlanContext, draft: Draft, usage: WorkloadUsage, want: float = 0.0, fraction: float = 0.0
 ) -> Lowered | None:
@@ -99,7 +89,7 @@ def lower(
         return None  # no cpu controller: nothing to throttle with
     # Its demand: what it used and what it waited for (counted in absorbing()); a
     # workload starved by the others still takes what a throttle frees.
-    used = cores + (ctx.unmet(usage, current_limit(draft, usage)) if want and usage.starved_cores else 0.0)
+    used = cores + (ctx.unmet(usage, draft) if want and usage.starved_cores else 0.0)
     guard = ctx.guard
     request = usage.workload.cpu_request_cores or 0.0
     if used - guard.min_quota_cores < CLOSED_CORES or used - request < CLOSED_CORES:
@@ -162,17 +152,11 @@ def emit_throttle(
             predicted_release=None if per_unit is None else release * per_unit,
             previous=previous.render_v2(),
             releases=release,
-            details=(
-                ("quota", cpu_max_data(quota)),
-                ("previous", cpu_max_data(previous)),
-                ("original", cpu_max_data(original)),
-                ("lever", quota_lever_shown(quota, original)),
-                ("release_cores", release),
-            ),
+            details=QuotaDetails(quota, previous, original, release_cores=release),
         )
     )
     # Its demand as it was before this throttle: the new limit caps the wait that counts.
-    demand = held.demand_cores if held is not None else ctx.demand(usage, current_limit(draft, usage))
+    demand = held.demand_cores if held is not None else ctx.demand(usage, draft)
     draft.quotas[workload.id] = quota
     draft.released_cores += release
     if not dry:

@@ -52,7 +52,7 @@ def _action(action: Action) -> dict[str, Any]:
         data["cores"] = action.cores
         data["memory_bytes"] = action.memory_bytes
     else:
-        data.update(action.details)
+        data.update(action.details.fields())
     return data
 
 
