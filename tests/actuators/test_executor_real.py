@@ -239,3 +239,29 @@ def test_a_throttled_workload_no_longer_seen_gets_its_original_back_where_its_gr
         assert hierarchy.limit(stays.pod) == POD_LIMIT and hierarchy.limit(stays.container) == POD_LIMIT
         assert not ledger.of("cpu.max")
         assert Ledger.load(str(tmp_path / "ledger.json")).of("cpu.max") == {}
+
+
+def test_a_refused_weight_moves_on_to_quotas_in_the_same_tick(tmp_path: Path) -> None:
+    """A tier whose weight the kernel refuses is held back and the tick plans again at once: with the streak met,
+    the next pass makes room with a quota on the burner under it, written in the same tick."""
+    root = tmp_path / "cpu"
+    (root / "kp/burstable/cpu.shares").mkdir(parents=True)  # reading or writing it fails with EISDIR
+    pod = root / "kp/burstable/pod0"
+    pod.mkdir()
+    (pod / "cpu.cfs_quota_us").write_text("-1\n")
+    (pod / "cpu.cfs_period_us").write_text("100000\n")
+    ledger = Ledger(str(tmp_path / "run/ledger.json"))
+    executor = executor_for(str(root), "v1", ledger)
+    stalled = usage("kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=0.3, starved=0.0)
+    burner = usage("kp/burstable/pod0", qos=QosClass.BURSTABLE, cores=1.0, waiting=0.9)
+    objective = {"metric": "protected_cpu_stall", "threshold": "5%", "restoreBelow": "1%", "action": "throttle",
+                 "triggerAfter": 1}  # fmt: skip
+    settings = guard(objective, minQuotaCores=0.05, protect={"streakTicks": 1})
+    settled = settle(snapshot([stalled, burner], cpus=2, cores_used=2.0), GuardState(), settings, executor)
+    assert settled.passes == 2
+    assert settled.state.held_back["kp/burstable"].error == "EISDIR"
+    assert [(d.change.kind, d.change.group) for d in settled.done] == [("throttle", "kp/burstable/pod0")]
+    written = int((pod / "cpu.cfs_quota_us").read_text())
+    assert 0 < written < 100000, "the burner's quota came down in the tick the weight was refused"
+    assert "kp/burstable/pod0" in settled.state.held(HeldThrottle) and not settled.state.held(LoweredWeight)
+    assert settled.state.protect.phase == "quota-trial"
