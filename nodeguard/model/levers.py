@@ -73,7 +73,7 @@ MEMORY_HIGH = LeverTerms(
     count_metric="nodeguard_memory_throttled_workloads",
     value_metric="nodeguard_memory_high_bytes",
     original_metric="nodeguard_memory_high_original_bytes",
-    unit="bytes, -1 for max",
+    unit="bytes",
 )
 LEVERS: tuple[LeverTerms, ...] = (CPU_QUOTA, CPU_WEIGHT, MEMORY_HIGH)
 TERMS: dict[str, LeverTerms] = {terms.name: terms for terms in LEVERS}
