@@ -163,8 +163,8 @@ class DaemonCollector(Collector):
             terms = lever.terms
             records = daemon.records.get(terms.name, {})
             if terms.count_metric is not None:
-                yield _gauge(terms.count_metric, f"Groups whose {terms.noun} nodeguard holds lowered, from the ledger.", [],
-                             {(): len(records)})  # fmt: skip
+                help_ = f"Groups whose {terms.noun} nodeguard holds lowered, from the ledger."
+                yield _gauge(terms.count_metric, help_, [], {(): len(records)})
             if terms.value_metric is not None:
                 values = {(group,): lever.number(r.applied) for group, r in records.items()}
                 yield _gauge(
