@@ -2,8 +2,11 @@
 
 Builds N real (idle) cgroups in this machine's cgroup2 mount, then times
 - nodeguard: Sensor.sense() (reading, parsing, rates, the Snapshot), discovery
-  excluded (it runs every discoverySeconds, timed on its own below);
-- floor: a bare loop of os.pread on kept-open descriptors of the same files.
+  excluded (it runs every discoverySeconds, timed on its own below), as the
+  daemon's tick runs it without a memory objective: memory.high and
+  memory.pressure not followed; at 1,000 cgroups once more with them followed;
+- floor: a bare loop of os.pread on kept-open descriptors of the same files
+  (a sense pass is counted making exactly the floor's reads, or the bench fails).
 
 Then what the protected_cpu_stall signal adds to a tick. On v2 its stall is
 the ``cpu.pressure`` the sense pass reads already; on v1 it is the threads'
@@ -26,6 +29,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -36,6 +40,7 @@ from nodeguard.sources.sensor import Sensor
 from tests import realcgroups as rc
 
 PER_TICK_FILES = ("cpu.stat", "cpu.max", "cpu.pressure", "memory.current")
+MEMORY_FILES = ("memory.high", "memory.pressure")  # read each tick only while memory is followed
 NODE_FILES = ("stat", "loadavg", "meminfo", "pressure/cpu", "pressure/memory", "pressure/io")
 NODE_READ_SIZES = {"stat": 512, "meminfo": 16384}
 PASSES = 30
@@ -49,7 +54,24 @@ def floor_pass(fds: list[int], node_fds: list[tuple[int, int]]) -> None:
         pread(fd, 4096, 0)
 
 
-def measure(mount: Path, count: int, reuse_unchanged: bool = True) -> dict[str, float]:
+def files_read(sense: Callable[[], object]) -> list[str]:
+    """The path of every file one sense pass reads (each os.pread call), sorted."""
+    real = os.pread
+    fds: list[int] = []
+
+    def recording(fd: int, size: int, offset: int) -> bytes:
+        fds.append(fd)
+        return real(fd, size, offset)
+
+    os.pread = recording
+    try:
+        sense()
+    finally:
+        os.pread = real
+    return sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in fds)
+
+
+def measure(mount: Path, count: int, reuse_unchanged: bool = True, memory: bool = False) -> dict[str, float]:
     parent = mount / rc.unique_name("ngbench")
     groups = [parent / f"w{i:05d}" for i in range(count)]
     with rc.cgroups(*groups):
@@ -60,18 +82,25 @@ def measure(mount: Path, count: int, reuse_unchanged: bool = True) -> dict[str, 
             }
         )
         sensor = Sensor(settings)
+        sensor.follow_memory(memory)
         V2Reader.reuse_unchanged = reuse_unchanged
         start = time.perf_counter()
         sensor.rediscover()
         discovery = time.perf_counter() - start
-        fds = [os.open(g / name, os.O_RDONLY) for g in groups for name in PER_TICK_FILES if (g / name).exists()]
+        names = PER_TICK_FILES + MEMORY_FILES if memory else PER_TICK_FILES
+        fds = [os.open(g / name, os.O_RDONLY) for g in groups for name in names if (g / name).exists()]
         node_fds = [
             (os.open(f"/proc/{n}", os.O_RDONLY), NODE_READ_SIZES.get(n, 4096))
             for n in NODE_FILES
             if os.path.exists(f"/proc/{n}")
         ]
         try:
+            sensor.sense()  # first sight and the first rates: each workload's threads are looked at until it reads idle
             sensor.sense()
+            floor_files = sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in fds + [fd for fd, _ in node_fds])
+            read = files_read(sensor.sense)
+            differ = sorted(set(read) ^ set(floor_files))  # none: the same files, read more or fewer times
+            assert read == floor_files, f"a sense pass reads other files than its floor ({len(differ)}: {differ[:3]})"
             ours, floor = [], []
             for _ in range(PASSES):  # interleaved, so both see the same machine state
                 t0 = time.perf_counter()
@@ -131,6 +160,11 @@ def main() -> int:
     parsed = measure(mount, 1000, reuse_unchanged=False)
     print(f" 1000 cgroups, parsing every file: nodeguard {parsed['nodeguard_us_per_cgroup']} us/cgroup, "
           f"floor {parsed['floor_us_per_cgroup']} us/cgroup, ratio {parsed['ratio']}")
+    # A memory objective or a held memory.high: memory.high and memory.pressure are read each tick too.
+    memory = measure(mount, 1000, memory=True)
+    print(f" 1000 cgroups, memory followed: nodeguard {memory['nodeguard_us_per_cgroup']} us/cgroup, "
+          f"floor {memory['floor_us_per_cgroup']} us/cgroup, ratio {memory['ratio']} "
+          f"({memory['files_per_cgroup']:.0f} files/cgroup)")
     for result in results:
         print(
             f"{result['cgroups']:>5} cgroups: nodeguard {result['nodeguard_us_per_cgroup']} us/cgroup, "
@@ -145,6 +179,8 @@ def main() -> int:
               f"{stall['active_pod_follow_us']} us)")
     print(json.dumps({**last, "ratio_parsing_every_file": parsed["ratio"],
                       "nodeguard_us_per_cgroup_parsing_every_file": parsed["nodeguard_us_per_cgroup"],
+                      "ratio_memory_followed": memory["ratio"],
+                      "nodeguard_us_per_cgroup_memory_followed": memory["nodeguard_us_per_cgroup"],
                       "at_100": results[0], **stall}))
     return 0
 

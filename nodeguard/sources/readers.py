@@ -99,12 +99,10 @@ class CgroupDetails:
     events: CgroupEvents | None
 
 
-# Each file's bytes last read and what they parsed to: (cpu.stat, cpu.max, cpu.pressure).
-_Parsed = tuple[object, CpuStat | None, object, CpuMax | None, object, PsiTotals | None]
-_UNREAD: _Parsed = (object(), None, object(), None, object(), None)  # equal to no bytes: everything is parsed
+_UNSEEN = object()  # equal to no bytes read: the next sample parses the file
 
 
-def _memory_high(raw: bytes | None) -> float | None:
+def parse_memory_high(raw: bytes | None) -> float | None:
     """memory.high in bytes, math.inf for "max"; None when absent or read empty (a group being removed)."""
     if not raw or not raw.strip():
         return None
@@ -123,7 +121,11 @@ def _follow(waits: TaskWait | None, threads: bool) -> Waits | None:
 class V2Reader:
     """cgroup v2: cpu.stat (required), cpu.max, cpu.pressure, memory.current; its threads' run-queue wait."""
 
-    __slots__ = ("_high", "_last", "_max", "_mem", "_mem_psi", "_psi", "_stat", "_wait", "path")
+    __slots__ = (
+        "_cpu", "_cpu_max", "_high", "_last_high", "_last_max", "_last_mem", "_last_mem_psi", "_last_psi",
+        "_last_stat", "_max", "_mem", "_mem_psi", "_memory_high", "_memory_psi", "_psi", "_stat", "_totals", "_used",
+        "_wait", "path",
+    )  # fmt: skip
 
     # A file whose bytes did not change since the last tick parses to the same
     # value: reuse it. Idle cgroups (sandboxes, sleeping services) are common,
@@ -132,7 +134,7 @@ class V2Reader:
 
     def __init__(self, path: str, proc_root: str | None = "/proc", memory: bool = True) -> None:
         self.path = path
-        self._last: _Parsed = _UNREAD
+        self._forget_parses()
         stat = open_optional(path + "/cpu.stat")
         if stat == _ABSENT:
             if not os.path.isdir(path):
@@ -145,6 +147,17 @@ class V2Reader:
         self._high = self._mem_psi = _ABSENT
         self.follow_memory(memory)
         self._wait = TaskWait(subtree(path), proc_root, "cgroup.threads") if proc_root is not None else None
+
+    def _forget_parses(self) -> None:
+        """Forget each file's last bytes (``_last_*``) and its parse: the next sample parses every file."""
+        self._last_stat = self._last_max = self._last_psi = self._last_mem = _UNSEEN
+        self._last_high = self._last_mem_psi = _UNSEEN
+        self._cpu: CpuStat | None = None
+        self._cpu_max: CpuMax | None = None
+        self._totals: PsiTotals | None = None
+        self._used: int | None = None
+        self._memory_high: float | None = None
+        self._memory_psi: PsiTotals | None = None
 
     def follow_memory(self, on: bool) -> None:
         """Read memory.high and memory.pressure each sample, or not (no memory objective: two reads saved)."""
@@ -165,7 +178,9 @@ class V2Reader:
 
     def sample(self, threads: bool = True) -> RawSample:
         """One reading; ``threads``: follow its threads' waits too (skipped for idle workloads)."""
-        # The hottest code in nodeguard: one call per workload per tick.
+        # The hottest code in nodeguard: one call per workload per tick. A file
+        # read as the same bytes as last time keeps its parse: an idle cgroup
+        # costs its reads and a comparison per file, and builds nothing.
         pread = os.pread
         try:
             stat = pread(self._stat, _BUFSIZE, 0)
@@ -178,18 +193,38 @@ class V2Reader:
             if exc.errno in _GONE_ERRNOS:
                 raise CgroupGone(self.path) from None
             raise
-        last = self._last if self.reuse_unchanged else _UNREAD
-        cpu = last[1]
-        if cpu is None or stat != last[0]:
-            cpu = parse_cpu_stat(stat.decode())
-        cpu_max = last[3] if limit == last[2] else (None if limit is None else parse_cpu_max(limit.decode()))
+        if not self.reuse_unchanged:
+            self._forget_parses()
+        # Each parse is kept with its bytes only once it succeeded.
+        if stat != self._last_stat:
+            self._cpu = parse_cpu_stat(stat.decode())
+            self._last_stat = stat
+        if limit != self._last_max:
+            self._cpu_max = None if limit is None else parse_cpu_max(limit.decode())
+            self._last_max = limit
         # A cgroup being removed can read empty: that reading is missing, the CPU sample stands.
-        totals = last[5] if psi == last[4] else (parse_psi_totals(psi.decode()) if psi and psi.strip() else None)
-        self._last = (stat, cpu, limit, cpu_max, psi, totals)
-        waits = _follow(self._wait, threads)
-        used = int(memory) if memory and memory.strip() else None
-        memory_psi = parse_psi_totals(mem_psi.decode()) if mem_psi and mem_psi.strip() else None
-        return cpu, cpu_max, totals, used, waits, _memory_high(high), memory_psi
+        if psi != self._last_psi:
+            self._totals = parse_psi_totals(psi.decode()) if psi and psi.strip() else None
+            self._last_psi = psi
+        if memory != self._last_mem:
+            self._used = int(memory) if memory and memory.strip() else None
+            self._last_mem = memory
+        if high != self._last_high:
+            self._memory_high = parse_memory_high(high)
+            self._last_high = high
+        if mem_psi != self._last_mem_psi:
+            self._memory_psi = parse_psi_totals(mem_psi.decode()) if mem_psi and mem_psi.strip() else None
+            self._last_mem_psi = mem_psi
+        waits = None
+        wait = self._wait
+        if wait is not None:
+            if threads:
+                waits = wait.sample()
+            else:
+                wait.pause()
+        cpu = self._cpu
+        assert cpu is not None  # cpu.stat was parsed above or on an earlier sample
+        return cpu, self._cpu_max, self._totals, self._used, waits, self._memory_high, self._memory_psi
 
     def details(self) -> CgroupDetails:
         return read_details_v2(self.path)

@@ -137,7 +137,8 @@ class Sensor:
         # Hot loop: rates are computed inline (see model.rates for the rules).
         usec = interval * 1e6 if interval else 0.0
         before_get = before.get
-        make = WorkloadUsage
+        # Half the cost of WorkloadUsage(...); every field is given, in order (tests/sources/test_calm_tick_reads.py).
+        make = tuple.__new__
         for workload_id, (workload, reader) in self._readers.items():
             old = before_get(workload_id)
             # Threads are followed only where there is CPU use to speak of (or none known yet).
@@ -154,18 +155,25 @@ class Sensor:
             cores = throttled = stall = waiting = starved = throttled_cores = memory_stall = None
             if old is not None and usec > 0:
                 old_cpu = old.cpu
-                used = cpu.usage_usec - old_cpu.usage_usec
-                if used >= 0:  # a reset counter gives no rate
-                    cores = used / usec
-                held = cpu.throttled_usec - old_cpu.throttled_usec
-                if held >= 0:
-                    throttled_cores = held / usec
-                periods = cpu.nr_periods - old_cpu.nr_periods
-                if periods > 0:
-                    throttled = (cpu.nr_throttled - old_cpu.nr_throttled) / periods
-                    throttled = 0.0 if throttled < 0 else 1.0 if throttled > 1 else throttled
-                if psi is not None and old.cpu_pressure is not None:
-                    some, old_some = psi.some_usec, old.cpu_pressure.some_usec
+                if cpu is old_cpu:  # cpu.stat's bytes did not change (the reader reused its parse): nothing used
+                    cores = throttled_cores = 0.0
+                else:
+                    used = cpu.usage_usec - old_cpu.usage_usec
+                    if used >= 0:  # a reset counter gives no rate
+                        cores = used / usec
+                    held = cpu.throttled_usec - old_cpu.throttled_usec
+                    if held >= 0:
+                        throttled_cores = held / usec
+                    periods = cpu.nr_periods - old_cpu.nr_periods
+                    if periods > 0:
+                        throttled = (cpu.nr_throttled - old_cpu.nr_throttled) / periods
+                        throttled = 0.0 if throttled < 0 else 1.0 if throttled > 1 else throttled
+                old_psi = old.cpu_pressure
+                # Unchanged bytes, the same parse: no stall (old's stall known: there is a "some" total).
+                if psi is old_psi and old.cpu_stall_pct is not None:
+                    stall = 0.0
+                elif psi is not None and old_psi is not None:
+                    some, old_some = psi.some_usec, old_psi.some_usec
                     if some is not None and old_some is not None and some >= old_some:
                         stall = 100.0 * (some - old_some) / usec
                 if memory_psi is not None and old.memory_pressure is not None:
@@ -179,10 +187,10 @@ class Sensor:
                 inner = waits.throttled_ns / waits.interval_ns
                 if throttled_cores is None or inner > throttled_cores:
                     throttled_cores = inner
-            usages[workload_id] = make(
+            usages[workload_id] = make(WorkloadUsage, (
                 workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved, throttled_cores, high,
                 memory_psi, memory_stall,
-            )  # fmt: skip
+            ))  # fmt: skip
         for workload_id in gone:
             self._drop(workload_id)
         snapshot = Snapshot(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,24 +191,32 @@ def test_cgroup_removed_between_ticks_is_a_workload_that_left(kind: str) -> None
 
 
 def test_reader_reuses_unchanged_files_and_sees_changes(tmp_path: Path) -> None:
-    """Unchanged file bytes reuse the last parsed value; any change is parsed afresh."""
+    """Unchanged file bytes reuse the last parsed value, memory files' too; any change is parsed afresh."""
     from nodeguard.sources.readers import V2Reader
 
+    pressure = "some avg10=0.00 avg60=0.00 avg300=0.00 total={}\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n"
     (tmp_path / "cpu.stat").write_text("usage_usec 10\nnr_periods 1\nnr_throttled 0\nthrottled_usec 0\n")
-    (tmp_path / "cpu.pressure").write_text(
-        "some avg10=0.00 avg60=0.00 avg300=0.00 total=5\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1\n"
-    )
+    (tmp_path / "cpu.pressure").write_text(pressure.format(5))
     (tmp_path / "cpu.max").write_text("max 100000\n")
+    (tmp_path / "memory.current").write_text("4096\n")
+    (tmp_path / "memory.high").write_text("max\n")
+    (tmp_path / "memory.pressure").write_text(pressure.format(8))
     reader = V2Reader(str(tmp_path))
     try:
         first = reader.sample()
         again = reader.sample()
-        assert again[0] is first[0] and again[2] is first[2]
+        assert [again[i] is first[i] for i in (0, 1, 2, 6)] == [True] * 4
+        assert again[3] == 4096 and again[5] == math.inf and again[6] is not None and again[6].some_usec == 8
         (tmp_path / "cpu.stat").write_text("usage_usec 99\nnr_periods 2\nnr_throttled 1\nthrottled_usec 7\n")
         (tmp_path / "cpu.max").write_text("5000 100000\n")
+        (tmp_path / "memory.current").write_text("8192\n")
+        (tmp_path / "memory.high").write_text("1048576\n")
+        (tmp_path / "memory.pressure").write_text(pressure.format(9))
         changed = reader.sample()
         assert changed[0].usage_usec == 99 and changed[0].throttled_usec == 7
         assert changed[1] is not None and changed[1].quota_us == 5000
         assert changed[2] is first[2]
+        assert changed[3] == 8192 and changed[5] == 1048576
+        assert changed[6] is not None and changed[6].some_usec == 9
     finally:
         reader.close()

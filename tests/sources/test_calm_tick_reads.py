@@ -1,0 +1,104 @@
+"""What a calm tick's sense does per idle workload, counted on real cgroups: the files it reads and the parses it makes.
+
+bench/sense.py times this against bare reads; these counts are its deterministic half: one more file read or one
+more parse per workload a tick is what slowed sensing once (memory.pressure read and parsed afresh every tick).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from nodeguard.config import Settings
+from nodeguard.model.snapshot import WorkloadUsage
+from nodeguard.sources import readers
+from nodeguard.sources.sensor import Sensor
+from tests import realcgroups as rc
+
+# What a tick reads of each workload on cgroup v2 where the files exist (the controller is on).
+CALM_FILES = ("cpu.stat", "cpu.max", "cpu.pressure", "memory.current")
+MEMORY_FILES = ("memory.high", "memory.pressure")  # only while memory is followed
+WORKLOAD_PARSERS = ("parse_cpu_stat", "parse_cpu_max", "parse_psi_totals", "parse_memory_high")
+
+
+class SensePass:
+    """One sense pass, counted: each workload file it reads and each parse of a workload file it makes."""
+
+    def __init__(self, sensor: Sensor, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.reads: list[Path] = []
+        self.parses: Counter[str] = Counter()
+        real_pread = os.pread
+
+        def pread(fd: int, size: int, offset: int) -> bytes:
+            self.reads.append(Path(os.readlink(f"/proc/self/fd/{fd}")))
+            return real_pread(fd, size, offset)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "pread", pread)
+            for name in WORKLOAD_PARSERS:
+                patch.setattr(readers, name, self._counted(name, getattr(readers, name)))
+            self.snapshot = sensor.sense()
+
+    def _counted(self, name: str, parse: Callable[..., object]) -> Callable[..., object]:
+        def counted(*args: object) -> object:
+            self.parses[name] += 1
+            return parse(*args)
+
+        return counted
+
+    def read_in(self, group: Path) -> list[str]:
+        return sorted(path.name for path in self.reads if path.parent == group)
+
+
+def existing(group: Path, names: tuple[str, ...]) -> list[str]:
+    return sorted(name for name in names if (group / name).exists())
+
+
+@pytest.mark.parametrize("kind", rc.V2_KINDS)
+def test_a_calm_tick_reads_each_idle_workloads_files_once_and_parses_none(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle workloads on a calm tick: each of their per-tick files is read once (memory.high and memory.pressure only
+    while memory is followed) and none is parsed again, its bytes being those of the tick before; they read as idle."""
+    reason = rc.why_no_v2_of(kind)
+    if reason:
+        pytest.skip(reason)
+    mount = rc.v2_mount()
+    assert mount is not None
+    parent = rc.unique_name()
+    settings = Settings.model_validate(
+        {
+            "sensing": {"cgroupRoot": str(mount), "cgroupVersion": "v2", "discoverySeconds": 3600},
+            "workloads": {"groups": [{"match": f"{parent}/*"}]},
+        }
+    )
+    with rc.cgroups(*(mount / parent / name for name in ("a", "b", "c"))) as groups:
+        calm_files = {group: existing(group, CALM_FILES) for group in groups}
+        memory_files = {group: existing(group, CALM_FILES + MEMORY_FILES) for group in groups}
+        sensor = Sensor(settings)
+        try:
+            sensor.follow_memory(False)  # the daemon's tick without a memory objective or a held memory.high
+            sensor.sense()  # first sight
+            sensor.sense()  # the first rates: idle, so their threads are not followed from here on
+            calm = SensePass(sensor, monkeypatch)
+            sensor.follow_memory(True)
+            sensor.sense()  # the memory files' first reading
+            followed = SensePass(sensor, monkeypatch)
+        finally:
+            sensor.close()
+    assert len(calm.snapshot.workloads) == len(followed.snapshot.workloads) == len(groups)
+    for group in groups:
+        assert "cpu.stat" in calm_files[group]
+        assert calm.read_in(group) == calm_files[group]
+        assert followed.read_in(group) == memory_files[group]
+    assert calm.parses == Counter() and followed.parses == Counter()
+    for usage in [*calm.snapshot.workloads.values(), *followed.snapshot.workloads.values()]:
+        assert len(usage) == len(WorkloadUsage._fields)  # the sensor builds it from a plain tuple: every field given
+        assert (usage.cores, usage.throttled_cores, usage.throttled_fraction) == (0.0, 0.0, None)
+        assert usage.cpu_stall_pct == (None if usage.cpu_pressure is None else 0.0)
+    for usage in followed.snapshot.workloads.values():
+        assert usage.memory_stall_pct == (None if usage.memory_pressure is None else 0.0)
