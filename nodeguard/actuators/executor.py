@@ -63,6 +63,11 @@ def _applied(results: Results) -> Applied:
     )
 
 
+def _who(change: LeverChange) -> dict[str, str]:
+    """How a log line names the change's group: a workload, or a group that is not one (a QoS tier)."""
+    return {"workload" if change.workload is not None else "group": change.group}
+
+
 class Executor:
     def __init__(
         self,
@@ -138,7 +143,7 @@ class Executor:
             self.counters.failed_restores += 1
         if self._errors.allow(f"{change.group}:{refusal.error}"):
             log.error(
-                f"{self.levers[change.lever].noun} write refused", group=change.group, action=change.kind,
+                f"{self.levers[change.lever].noun} write refused", **_who(change), action=change.kind,
                 file=refusal.file, cgroup=refusal.path, error=refusal.error, detail=refusal.detail,
             )  # fmt: skip
 
@@ -165,7 +170,7 @@ class Executor:
         lever = self.levers.get(change.lever)
         shown = (lambda text: text) if lever is None else lever.shown
         fields: dict[str, object] = {
-            "workload" if change.workload is not None else "group": change.group,
+            **_who(change),
             "lever": change.lever,
             "metric": change.metric,
             "reason": change.reason,
