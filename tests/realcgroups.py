@@ -200,6 +200,16 @@ class Hierarchy:
             return parse_cpu_max((group / "cpu.max").read_text())
         return parse_cfs_quota((group / "cpu.cfs_quota_us").read_text(), (group / "cpu.cfs_period_us").read_text())
 
+    def held_rate(self, rel: str) -> float | None:
+        """The CPU rate in force for a group, in cores (None: unlimited): its own limit, or its direct children's
+        together where each has one (a v1 pod held through its containers)."""
+        own = self.limit(rel).cores
+        children = [p for p in (self.writable / rel).iterdir() if p.is_dir()]
+        limits = [self.limit(str(p.relative_to(self.writable))).cores for p in children]
+        through = None if not limits or any(c is None for c in limits) else sum(c for c in limits if c is not None)
+        rates = [r for r in (own, through) if r is not None]
+        return min(rates) if rates else None
+
     def set_limit(self, rel: str, limit: CpuMax) -> None:
         """Write a limit as kubelet or a runtime would (v1: period, then quota)."""
         group = self.writable / rel
@@ -288,4 +298,9 @@ def kubelet_pod(hierarchy: Hierarchy, parent: str, tier: str | None, limit: CpuM
         if limit is not None:
             hierarchy.set_limit(pod, limit)  # the parent first: v1 refuses a child above it
             hierarchy.set_limit(container, limit)
+        # The runtime's weights: the sandbox (pause) container at the least, the container at its request (here
+        # its limit, or 0.1 core without one), as kubelet converts them.
+        hierarchy.set_shares(sandbox, 2)
+        cores = 0.1 if limit is None or limit.cores is None else limit.cores
+        hierarchy.set_shares(container, max(2, round(cores * 1024)))
         yield KubeletPod(hierarchy, pod, sandbox, container, inner)

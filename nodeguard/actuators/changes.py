@@ -61,22 +61,28 @@ def recorded(
         else:
             children[write.path] = HeldValue(first, write.after)
     assert change.target is not None, "a change is resolved to its value before it is recorded"
+    # The group's own value after the writes: the target, unless the lever holds it through its children alone.
+    own = next((w.after for w in writes if w.path == change.group), current)
     return LeverRecord(
         lever=change.lever,
         group=change.group,
         original=current if change.give_back is None else change.give_back,
-        applied=held.applied if held is not None and pending else change.target,
-        pending=change.target if pending else None,
+        applied=held.applied if held is not None and pending else own,
+        pending=own if pending else None,
         cgroup_version=lever.version,
         reason=change.metric,
         changed_at=time.time(),
         children=children,
+        effective=None if own == change.target else change.target,
     )
 
 
 def child_originals(ledger: Ledger, key: LeverKey) -> dict[str, str]:
+    """The recorded originals of the group's changed descendants, and of the group itself."""
     held = ledger.records.get(key)
-    return {} if held is None else {path: child.original for path, child in held.children.items()}
+    if held is None:
+        return {}
+    return {key[1]: held.original, **{path: child.original for path, child in held.children.items()}}
 
 
 class Changer:
@@ -129,7 +135,8 @@ class Changer:
         """A change with no value asks for the lever's strongest hold, or, as a release, for the recorded
         original (None: the ledger holds nothing of the group)."""
         if change.target is not None:
-            return change
+            target = lever.resolve(change.group, change.target)
+            return change if target == change.target else replace(change, target=target)
         if not change.release:
             return replace(change, target=lever.strongest(change.group))
         held = self.ledger.get(change.lever, change.group)
@@ -164,7 +171,7 @@ class Changer:
                 kept.append((change, current, writes))
                 continue
             assert change.target is not None
-            if old is not None and lever.restricts(current, change.target):
+            if old is not None and lever.restricts(old.holds, change.target):
                 release = replace(change, target=old.original, give_back=old.original, release=True)
                 self.ledger.records[change.key] = old
                 try:
@@ -214,6 +221,7 @@ class Changer:
             self.ledger.record(recorded(self.ledger, lever, change, current, writes, pending=False))
         below = sum(1 for w in writes if w.path != change.group)
         assert change.target is not None
-        restricts = lever.restricts(change.target, current)
-        shown = (lever.shown(current), lever.shown(change.target))
-        results.done.append(Done(change, current, change.target, below, restricts, shown))
+        before = current if previous is None or previous.effective is None else previous.effective
+        restricts = lever.restricts(change.target, before)
+        shown = (lever.shown(before), lever.shown(change.target))
+        results.done.append(Done(change, before, change.target, below, restricts, shown))

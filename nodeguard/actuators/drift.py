@@ -63,7 +63,7 @@ def _adopt(ledger: Ledger, lever: Lever, record: LeverRecord, current: str, move
             f"{lever.noun} changed behind nodeguard: taken as the new original",
             group=record.group, original=current, was=record.original,
         )  # fmt: skip
-        if not lever.restricts(record.applied, current):
+        if not lever.restricts(record.holds, current):
             ledger.forget(record.key)
             moves.released.add(record.key)
             return
@@ -98,9 +98,9 @@ def reassert(
 
 
 def _put_back(ledger: Ledger, lever: Lever, record: LeverRecord) -> None:
-    change = LeverChange(record.lever, record.group, record.applied, record.original, release=False, holds_back=True,
+    change = LeverChange(record.lever, record.group, record.holds, record.original, release=False, holds_back=True,
                          kind="reassert", metric=record.reason, reason="put back after someone changed it")  # fmt: skip
-    current, writes = lever.plan(record.group, record.applied, child_originals(ledger, record.key))
+    current, writes = lever.plan(record.group, record.holds, child_originals(ledger, record.key))
     if not writes:
         return
     ledger.record(recorded(ledger, lever, change, current, writes, pending=True))

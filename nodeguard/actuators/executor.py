@@ -247,7 +247,7 @@ class Executor:
 
     def adopt(self) -> list[Kept]:
         """Keep holding every lever's ledger records that are still in place; forget the rest."""
-        kept = [Kept(r.lever, r.group, r.reason, r.original, r.applied) for r in drift.adopt(self.ledger, self.levers)]
+        kept = [Kept(r.lever, r.group, r.reason, r.original, r.holds) for r in drift.adopt(self.ledger, self.levers)]
         self.save("adopting")
         return kept
 

@@ -79,8 +79,16 @@ class LeverRecord(HeldValue):
     cgroup_version: Literal["v1", "v2"]
     reason: str = ""
     changed_at: float = 0.0  # wall-clock seconds
-    # Descendant cgroups (paths relative to the hierarchy root) changed to let the group's own value be set.
+    # Descendant cgroups (paths relative to the hierarchy root) changed with the group.
     children: Mapping[str, HeldValue] = field(default_factory=dict)
+    # The value the group is held at when the lever holds it through its children, its own file left as it was
+    # (cgroup v1 quotas where a container's own limit is above the hold); None: the group's own value, applied.
+    effective: str | None = None
+
+    @property
+    def holds(self) -> str:
+        """The value the group is held at."""
+        return self.applied if self.effective is None else self.effective
 
     @property
     def key(self) -> LeverKey:
@@ -109,7 +117,11 @@ def _checked(record: LeverRecord) -> LeverRecord:
             raise ValueError(f"{where}: {exc}") from None
 
     children = {path: HeldValue(**held(f"children.{path}", child)) for path, child in record.children.items()}
-    return replace(record, **held("value", record), children=children)
+    try:
+        effective = None if record.effective is None else check(record.effective)
+    except ValueError as exc:
+        raise ValueError(f"effective: {exc}") from None
+    return replace(record, **held("value", record), children=children, effective=effective)
 
 
 def _from_version_1(document: Mapping[str, Any]) -> list[Any]:
@@ -263,4 +275,6 @@ def _encode(record: LeverRecord) -> dict[str, Any]:
     data: dict[str, Any] = _RECORD.dump_python(record, mode="json")
     if not record.children:
         del data["children"]
+    if record.effective is None:
+        del data["effective"]
     return data

@@ -76,6 +76,8 @@ MEMORY_HIGH = LeverTerms(
     unit="bytes",
 )
 LEVERS: tuple[LeverTerms, ...] = (CPU_QUOTA, CPU_WEIGHT, MEMORY_HIGH)
+# The weight lever's value for cgroup v2's cpu.idle (its least weight where the kernel has none).
+WEIGHT_IDLE = "0"
 TERMS: dict[str, LeverTerms] = {terms.name: terms for terms in LEVERS}
 
 LeverKey = tuple[str, str]  # (lever name, group)

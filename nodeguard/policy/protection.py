@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from nodeguard.model.levers import CPU_WEIGHT, LeverChange
+from nodeguard.model.levers import CPU_WEIGHT, WEIGHT_IDLE, LeverChange
+from nodeguard.model.workloads import QosClass
 from nodeguard.policy.context import PlanContext, fmt
 from nodeguard.policy.decisions import Decision, Draft, Planned
 from nodeguard.policy.holds import HeldThrottle, LoweredWeight
@@ -189,6 +190,14 @@ def _target(ctx: PlanContext) -> str | None:
     return found[0].usage.workload.id if found else None
 
 
+def _idle_allowed(ctx: PlanContext, group: str) -> bool:
+    """Whether the group may be made idle: a BestEffort pod, whose weight kubelet writes once, at its creation
+    (cpu.idle makes every later weight write to a group fail). A QoS tier, a Burstable pod (rewritten on a
+    resize) or a plain host's group gets the least weight instead."""
+    usage = ctx.workloads.get(group)
+    return usage is not None and usage.workload.kind == "pod" and usage.workload.qos_class is QosClass.BEST_EFFORT
+
+
 def _lower_weights(ctx: PlanContext, draft: Draft, line: Waterline, seen: StallSeen) -> None:
     reason = (
         f"{line.metric} past {fmt(line.threshold)}% ({line.objective}): {_target(ctx)} stalled "
@@ -199,7 +208,7 @@ def _lower_weights(ctx: PlanContext, draft: Draft, line: Waterline, seen: StallS
             LeverChange(
                 lever=CPU_WEIGHT.name,
                 group=group,
-                target=None,
+                target=WEIGHT_IDLE if _idle_allowed(ctx, group) else None,
                 give_back=None,
                 release=False,
                 holds_back=True,

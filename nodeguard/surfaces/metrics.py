@@ -166,7 +166,7 @@ class DaemonCollector(Collector):
                 help_ = f"Groups whose {terms.noun} nodeguard holds lowered, from the ledger."
                 yield _gauge(terms.count_metric, help_, [], {(): len(records)})
             if terms.value_metric is not None:
-                values = {(group,): lever.number(r.applied) for group, r in records.items()}
+                values = {(group,): lever.number(r.holds) for group, r in records.items()}
                 yield _gauge(
                     terms.value_metric,
                     f"The {terms.noun} nodeguard holds on a group, in {terms.unit}.",

@@ -17,8 +17,8 @@ def held_view(ledger: Ledger, lever: Lever) -> dict[str, dict[str, Any]]:
     return {
         group: {
             "original": r.original,
-            "applied": r.applied,
-            "shown": {"original": lever.shown(r.original), "applied": lever.shown(r.applied)},
+            "applied": r.holds,
+            "shown": {"original": lever.shown(r.original), "applied": lever.shown(r.holds)},
             "reason": r.reason,
             "since": r.changed_at,
             "children": {p: {"original": c.original, "applied": c.applied} for p, c in r.children.items()},

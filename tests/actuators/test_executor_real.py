@@ -128,9 +128,10 @@ def test_a_resize_behind_a_throttle_becomes_the_original(tmp_path: Path) -> None
         after = settle(seen, state, idle, executor).state
         assert after.held(HeldThrottle)[pod.pod].original == CpuMax(120000)
         assert ledger.of("cpu.max")[pod.pod].original == CpuMax(120000).render_v2()
-        kept = hierarchy.limit(pod.pod)
-        assert kept.quota_us is not None and kept.quota_us < 120000, "the throttle is kept under the new limit"
-        assert after.held(HeldThrottle)[pod.pod].quota == kept
+        kept = hierarchy.held_rate(pod.pod)
+        assert kept is not None and kept < 1.2, "the throttle is kept under the new limit"
+        assert after.held(HeldThrottle)[pod.pod].quota.cores == pytest.approx(kept)
+        assert hierarchy.limit(pod.pod) == CpuMax(120000), "held through its containers: the pod's own is kubelet's"
         assert executor.counters.moved_originals == 1
 
         hierarchy.set_limit(pod.container, CpuMax(20000))  # now a resize below the throttle: nothing left to hold
@@ -228,7 +229,7 @@ def test_a_throttled_workload_no_longer_seen_gets_its_original_back_where_its_gr
                 )
             ledger.save()
         assert not (hierarchy.writable / leaves.pod).exists()
-        assert hierarchy.limit(stays.container) == throttled, "the container was capped with its pod"
+        assert hierarchy.held_rate(stays.pod) == pytest.approx(throttled.cores), "held through its containers"
         state = GuardState.holding(*throttles.values())
         # Neither throttled pod is in this snapshot: one was dropped by discovery, the other's cgroup is gone.
         empty = snapshot([usage(f"{parent}/other", cores=0.1)], cpus=2, cores_used=0.3)

@@ -55,7 +55,9 @@ def cores(hierarchy: rc.Hierarchy, rel: str, seconds: float) -> float:
 def test_pod_with_container_limits_is_throttled_and_restored_exactly(
     hierarchy: rc.Hierarchy, pod: rc.KubeletPod, tmp_path: Path
 ) -> None:
-    """The pod's lowered limit is accepted and enforced; restore puts the pod's and the container's limits back."""
+    """The hold is accepted and enforced; restore puts the pod's and its containers' limits back. On v1, with the
+    container's own limit above the hold, the pod is held through its containers (the pod's limit stays, so the
+    runtime's write of the container's limit at a restart still succeeds); v2 lowers the pod alone."""
     quota = QuotaLever(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
     busy = pod.start_busy()
     try:
@@ -63,14 +65,17 @@ def test_pod_with_container_limits_is_throttled_and_restored_exactly(
         children = {w.path: HeldValue(original=w.before, applied=w.after)
                     for w in writes if w.path != pod.pod}  # fmt: skip
         quota.perform(writes)
-        assert hierarchy.limit(pod.pod) == THROTTLE
         if hierarchy.version == "v1":
-            assert [w.path for w in writes] == [pod.container, pod.pod], "the container is capped first"
-            assert hierarchy.limit(pod.container) == THROTTLE
+            assert {w.path for w in writes} == {pod.container, pod.sandbox}, "the containers share the hold"
+            assert hierarchy.limit(pod.pod) == KUBELET_LIMIT
+            assert hierarchy.limit(pod.sandbox) == CpuMax(1000), "the pause container at the kernel's least"
+            assert hierarchy.limit(pod.container) == CpuMax(29000), "the rest to the container, up to the hold"
+            assert hierarchy.held_rate(pod.pod) == pytest.approx(0.3)
         else:
             assert [w.path for w in writes] == [pod.pod], "v2 takes the tightest limit: children stay"
+            assert hierarchy.limit(pod.pod) == THROTTLE
             assert hierarchy.limit(pod.container) == KUBELET_LIMIT
-        assert 0.2 < cores(hierarchy, pod.pod, 1.0) < 0.4, "the kernel enforces the pod's new limit"
+        assert 0.2 < cores(hierarchy, pod.pod, 1.0) < 0.4, "the kernel enforces the hold"
 
         ledger = Ledger(str(tmp_path / "ledger.json"))
         ledger.record(
@@ -93,19 +98,21 @@ def v1_pod() -> Iterator[rc.KubeletPod]:
 
 
 def test_a_child_resized_behind_nodeguard_keeps_its_new_limit_on_restore(v1_pod: rc.KubeletPod, tmp_path: Path) -> None:
-    """A container limit changed by someone else since nodeguard capped it is theirs: restore leaves it."""
+    """A container limit changed by someone else since nodeguard capped it is theirs: restore leaves it, and puts
+    back the other container's."""
     pod, hierarchy = v1_pod, v1_pod.hierarchy
     quota = QuotaLever(CgroupWriter(str(hierarchy.writable)), hierarchy.version)
     current, writes = quota.plan(pod.pod, THROTTLE.render_v2(), {})
     quota.perform(writes)
     ledger = Ledger(str(tmp_path / "ledger.json"))
-    children = {pod.container: HeldValue(original=KUBELET_LIMIT.render_v2(), applied=THROTTLE.render_v2())}
-    ledger.record(quota_record(pod.pod, "v1", parse_cpu_max(current), THROTTLE, "test", children=children))
+    children = {w.path: HeldValue(original=w.before, applied=w.after) for w in writes}
+    ledger.record(quota_record(pod.pod, "v1", parse_cpu_max(current), KUBELET_LIMIT, "test", children=children))
     resized = CpuMax(20000, 100000)
     hierarchy.set_limit(pod.container, resized)  # under the pod's limit: v1 accepts it
     assert restore_all(ledger, {"cpu.max": quota}) == {Outcome.RESTORED: [pod.pod]}
     assert hierarchy.limit(pod.pod) == KUBELET_LIMIT
     assert hierarchy.limit(pod.container) == resized
+    assert hierarchy.limit(pod.sandbox) == CpuMax(None)
 
 
 def test_a_refused_write_leaves_nothing_half_done(v1_pod: rc.KubeletPod) -> None:
@@ -118,10 +125,12 @@ def test_a_refused_write_leaves_nothing_half_done(v1_pod: rc.KubeletPod) -> None
         hierarchy.set_limit(deep, KUBELET_LIMIT)  # depth 4 below the pod: past DESCENDANT_DEPTH
         quota = QuotaLever(CgroupWriter(str(hierarchy.writable)), "v1")
         _, writes = quota.plan(shaped.pod, THROTTLE.render_v2(), {})
-        assert [w.path for w in writes] == [f"{shaped.inner}/a", shaped.container, shaped.pod]
+        assert writes[0].path == f"{shaped.inner}/a", "the deepest first"
+        assert {w.path for w in writes[1:]} == {shaped.container, shaped.sandbox}
         with pytest.raises(WriteRefused) as refused:
             quota.perform(writes)
         assert (refused.value.error, refused.value.file) == ("EINVAL", "cpu.cfs_quota_us")
         assert refused.value.path == f"{shaped.inner}/a"
         assert hierarchy.limit(shaped.pod) == KUBELET_LIMIT
         assert hierarchy.limit(shaped.container) == KUBELET_LIMIT
+        assert hierarchy.limit(shaped.sandbox) == CpuMax(None)

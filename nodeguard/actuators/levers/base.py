@@ -120,7 +120,13 @@ class Lever(Protocol):
         ...
 
     def strongest(self, group: str) -> str:
-        """The value that holds the group back the most this lever can (what a change with no target asks)."""
+        """The value that holds the group back the most that its other owners can live with (what a change with
+        no target asks): their own writes of it must still succeed."""
+        ...
+
+    def resolve(self, group: str, target: str) -> str:
+        """The value this kernel takes for ``target`` on the group (a weight's idle where the kernel has none:
+        its least weight)."""
         ...
 
     def seen(self, usage: WorkloadUsage) -> str | None:

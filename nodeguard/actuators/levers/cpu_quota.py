@@ -8,6 +8,16 @@ the children are capped at the workload's new limit first (deepest first)
 and the parent written last; raising goes the other way round. Every file so
 changed is returned to the caller, which records it in the ledger first.
 
+The same rule binds the node's other owners: a container (re)start makes the
+runtime write the container's own limit into a new cgroup under the pod, and
+systemd's ``daemon-reload`` writes it again; with the pod held below that
+limit, their write would fail. So on v1, where a container's own limit is
+above the hold, the pod is held *through its containers*: its own limit stays
+as it was, and its direct children share the hold (each at most its own
+limit, the rest by their ``cpu.shares``, the container requests) so that
+together they get exactly the held rate. The ledger records the pod's own
+value as applied and the hold as ``effective``.
+
 Its canonical text is v2's ``cpu.max`` format ("max 100000" for unlimited),
 on v1 too.
 """
@@ -64,6 +74,52 @@ def capped(original: CpuMax, parent: CpuMax) -> CpuMax:
     if quota < MIN_QUOTA_US:
         return parent
     return CpuMax(quota, original.period_us)
+
+
+def in_order(now: Mapping[str, CpuMax], wanted: Mapping[str, CpuMax]) -> list[LimitWrite]:
+    """The writes from ``now`` to ``wanted`` in an order v1 accepts at every step: limits that come down go
+    first, deepest first; then limits that go up, shallowest first."""
+    lower: list[LimitWrite] = []
+    raise_: list[LimitWrite] = []
+    for path, limit in wanted.items():
+        before = now[path]
+        if limit != before:
+            (lower if rate_above(before, limit) else raise_).append(LimitWrite(path, before, limit))
+    lower.sort(key=lambda w: -w.path.count("/"))
+    raise_.sort(key=lambda w: w.path.count("/"))
+    return [*lower, *raise_]
+
+
+def shared(total_us: int, weights: Mapping[str, int], caps: Mapping[str, int | None]) -> dict[str, int]:
+    """``total_us`` of quota shared by weight (water-filling): none above its cap nor under the kernel's
+    smallest quota; the shares add up to exactly ``total_us`` wherever the caps and that floor allow."""
+    left = {path: max(1, weight) for path, weight in weights.items()}
+    out: dict[str, int] = {}
+    budget = total_us
+    fixed = True
+    while left and fixed:
+        fixed = False
+        weight = sum(left.values())
+        for path, own in left.items():
+            fair = budget * own / weight
+            cap = caps.get(path)
+            if cap is not None and cap < fair:
+                out[path] = max(MIN_QUOTA_US, cap)
+            elif fair < MIN_QUOTA_US:
+                out[path] = MIN_QUOTA_US
+            else:
+                continue
+            budget -= out[path]
+            del left[path]
+            fixed = True
+            break  # the others' fair shares change: work them out again
+    if left:
+        weight = sum(left.values())
+        order = sorted(left, key=lambda p: (-left[p], p))
+        for path in order:
+            out[path] = max(MIN_QUOTA_US, budget * left[path] // weight)
+        out[order[0]] += max(0, budget - sum(out[p] for p in order))  # the rounding, to the largest share
+    return out
 
 
 def ordered_writes(
@@ -132,6 +188,9 @@ class QuotaLever:
     def strongest(self, group: str) -> str:
         raise ValueError("a quota is always asked for by value")
 
+    def resolve(self, group: str, target: str) -> str:
+        return target
+
     def seen(self, usage: WorkloadUsage) -> str | None:
         return None if usage.cpu_max is None else usage.cpu_max.render_v2()
 
@@ -179,14 +238,65 @@ class QuotaLever:
     def plan_limits(
         self, workload_id: str, target: CpuMax, originals: Mapping[str, CpuMax] | None = None
     ) -> tuple[CpuMax, list[LimitWrite]]:
-        """``plan`` in CpuMax: (the workload's current limit, the writes that set it to ``target``)."""
+        """``plan`` in CpuMax: (the workload's current limit, the writes that hold it at ``target``).
+
+        ``originals`` are the recorded originals of the workload (its own path) and of its descendants.
+        """
         current = self.limit(workload_id)
         originals = originals or {}
         children = {
             path: (now, originals.get(path, now)) for path, now in self.limited_descendants(workload_id).items()
         }
+        if any(original.quota_us is not None and rate_above(original, target) for _, original in children.values()):
+            # A container's own limit is above the hold: a write of it (a restart) must not fail.
+            return current, self._through_children(workload_id, current, target, originals, children)
         # A recorded child that lost its limit (or left) is not ours to touch any more.
         return current, ordered_writes(workload_id, current, target, children)
+
+    def _through_children(
+        self,
+        workload_id: str,
+        current: CpuMax,
+        target: CpuMax,
+        originals: Mapping[str, CpuMax],
+        limited: Mapping[str, tuple[CpuMax, CpuMax]],
+    ) -> list[LimitWrite]:
+        """Hold the workload at ``target`` through its direct children, its own limit back at its original."""
+        assert target.quota_us is not None, "an unlimited target is never below a child's limit"
+        period = target.period_us
+        own = originals.get(workload_id, current)
+        now: dict[str, CpuMax] = {workload_id: current}
+        wanted: dict[str, CpuMax] = {workload_id: own}
+        weights: dict[str, int] = {}
+        caps: dict[str, int | None] = {}
+        for child in self._descendants(workload_id, 1):
+            try:
+                now[child] = self.limit(child)
+            except (CgroupGone, OSError, ParseError, ActuationRefused):
+                continue  # a container leaving as we look
+            original = limited[child][1] if child in limited else originals.get(child, now[child])
+            caps[child] = None if original.quota_us is None else original.quota_us * period // original.period_us
+            weights[child] = self._shares(child)
+        for child, quota in shared(target.quota_us, weights, caps).items():
+            wanted[child] = CpuMax(quota, period)
+        # Deeper limited descendants (crun's "container" subgroup) under their nearest held ancestor.
+        for child in sorted(limited, key=lambda p: p.count("/")):
+            if child in wanted:
+                continue
+            before, original = limited[child]
+            ancestor = child.rsplit("/", 1)[0]
+            while ancestor not in wanted and "/" in ancestor:
+                ancestor = ancestor.rsplit("/", 1)[0]
+            now[child] = before
+            wanted[child] = capped(original, wanted.get(ancestor, target))
+        return in_order(now, wanted)
+
+    def _shares(self, path: str) -> int:
+        """A container's cpu.shares (its request, as kubelet and the runtime write it); 1024 when unreadable."""
+        try:
+            return max(2, int(self.writer.read(path, "cpu.shares")))
+        except (CgroupGone, OSError, ActuationRefused, ValueError):
+            return 1024
 
     def perform(self, writes: Sequence[Write], **context: object) -> None:
         done: list[LimitWrite] = []

@@ -7,13 +7,16 @@ kubelet sets the QoS tiers' weights itself (and rewrites them as pods come
 and go): a value found in place of nodeguard's is taken as the new original
 and nodeguard's is asserted again.
 
-On v2 the least is ``cpu.idle`` (IDLE, 0), where the kernel has it (5.15+):
-cpu.weight 1 still weighs 1/21 against a 0.5-core Guaranteed pod's 20 (v1's
-least is 1/257), and in the v2 VM it left the protected pod's stall where it
-was (15-20 %), while an idle group yields to a waking task at once (4-8 %).
-Setting cpu.idle hides the weight (cpu.weight reads 0; writes to it fail with
-EINVAL, so kubelet cannot rewrite an idle tier), and unsetting it resets the
-weight to 100: a weight goes back by clearing cpu.idle, then writing it.
+On v2 ``cpu.idle`` (IDLE, 0, where the kernel has it: 5.15+) holds a group
+back further than any weight (an idle group yields to a waking task at
+once), but setting it makes every later weight write to the group fail with
+EINVAL: kubelet's rewrite of a QoS tier (fatal at its start), of a Burstable
+pod on an in-place resize, systemd's on ``daemon-reload``. So the lever's
+strongest hold is the least weight (v1 ``cpu.shares`` 2, v2 ``cpu.weight``
+1), and IDLE only where the policy asks for it on a group no owner writes a
+weight to again (a BestEffort pod: kubelet writes its weight once, when it
+creates it). Unsetting cpu.idle resets the weight to 100: a weight goes back
+by clearing cpu.idle, then writing it.
 
 Its canonical text is the weight as a decimal number, "0" for IDLE.
 """
@@ -108,12 +111,19 @@ class WeightLever:
         return int(value) < int(than)
 
     def strongest(self, group: str) -> str:
-        """The least weight, asking the group's files whether the kernel has cpu.idle (when not known yet);
-        the file's least where they cannot say."""
+        """The least weight the kernel takes a weight write on: never cpu.idle, which makes every later weight
+        write to the group fail (EINVAL), kubelet's and systemd's included."""
+        return str(self.file.least)
+
+    def resolve(self, group: str, target: str) -> str:
+        """IDLE where the kernel has cpu.idle (asking the group's files when not known yet), else the least
+        weight; any other weight as it is."""
+        if int(target) != IDLE:
+            return target
         try:
             return str(self.least_for(group))
         except (CgroupGone, OSError, ActuationRefused, ParseError):
-            return str(self.least)
+            return str(self.file.least)
 
     def seen(self, usage: WorkloadUsage) -> str | None:
         return None  # snapshots do not read weights

@@ -109,6 +109,9 @@ class MemoryHighLever:
     def strongest(self, group: str) -> str:
         raise ValueError("memory.high is always asked for by value")
 
+    def resolve(self, group: str, target: str) -> str:
+        return target
+
     def seen(self, usage: WorkloadUsage) -> str | None:
         high = usage.memory_high
         return None if high is None else (UNLIMITED if high == float("inf") else str(int(high)))
