@@ -30,7 +30,10 @@ class WriteCounters:
     writes: int = 0
     dry_run_writes: int = 0
     skipped_unchanged: int = 0
-    drift: int = 0
+    drift: int = 0  # values of nodeguard's someone put back to the original, re-asserted (any lever)
+    # Values of nodeguard's another owner changed (kubelet, the runtime, systemd), by lever: re-asserted, or taken
+    # as a new original (a resize).
+    overwritten: Counter[str] = field(default_factory=Counter)
     refused: int = 0
     errors: Counter[str] = field(default_factory=Counter)  # by errno name
 

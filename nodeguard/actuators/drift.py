@@ -59,6 +59,7 @@ def _adopt(ledger: Ledger, lever: Lever, record: LeverRecord, current: str, move
     if record.ownership(current) is Ownership.MOVED:
         ledger.move_original(record.key, current)
         moves.originals[record.key] = current
+        lever.writer.counters.overwritten[lever.name] += 1
         log.warning(
             f"{lever.noun} changed behind nodeguard: taken as the new original",
             group=record.group, original=current, was=record.original,
@@ -75,6 +76,7 @@ def _adopt(ledger: Ledger, lever: Lever, record: LeverRecord, current: str, move
         if child.ownership(found) is Ownership.MOVED:
             moves.children += 1
             ledger.move_original(record.key, found, child=path)
+            lever.writer.counters.overwritten[lever.name] += 1
 
 
 def reassert(

@@ -194,9 +194,16 @@ class DaemonCollector(Collector):
         yield _counter("nodeguard_cgroup_writes_total", "cgroup file writes made.", [], {(): writes.writes})
         yield _counter(
             "nodeguard_quota_drift_total",
-            "Quotas found changed by someone else and re-asserted.",
+            "Values nodeguard holds (any lever) found put back by someone else and re-asserted.",
             [],
             {(): writes.drift},
+        )
+        yield _counter(
+            "nodeguard_lever_overwritten_total",
+            "Values nodeguard holds that another owner (kubelet, the runtime, systemd) changed, by lever: re-asserted, "
+            "or taken as a new original (an in-place resize).",
+            ["lever"],
+            {(name,): writes.overwritten[name] for name in daemon.levers},
         )
         yield _counter(
             "nodeguard_writes_refused_total",

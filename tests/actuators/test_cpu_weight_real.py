@@ -53,11 +53,12 @@ def test_lowered_to_the_least_and_put_back_exactly(hierarchy: rc.Hierarchy, tmp_
 
 
 @pytest.mark.kernel
-def test_an_idle_group_rewritten_by_kubelet_is_not_idle_afterwards() -> None:
-    """kubelet cannot write an idle group's cpu.weight (EINVAL), so the weight read back stays IDLE: nodeguard's;
-    a group someone else cleared cpu.idle on reads as its (reset) weight, which the executor treats as drift."""
+def test_an_idle_group_refuses_every_weight_write() -> None:
+    """The kernel refuses a weight write to an idle group (EINVAL): why nodeguard makes only BestEffort pods idle,
+    whose weight no owner writes again. The weight read back stays IDLE (nodeguard's); a group someone else
+    cleared cpu.idle on reads as its (reset) weight, which the executor treats as drift."""
     hierarchy = rc.v2_cpu_hierarchy()
-    rel = f"{rc.unique_name()}/tier"
+    rel = f"{rc.unique_name()}/besteffort-pod"
     with hierarchy.groups(rel):
         group = hierarchy.writable / rel
         weights = WeightLever(CgroupWriter(str(hierarchy.writable)), "v2")
@@ -96,3 +97,20 @@ def test_a_weight_refused_after_clearing_idle_leaves_the_group_idle_and_recorded
     assert restore_record(weights, record) is Outcome.FAILED
     assert (tmp_path / "tier" / "cpu.idle").read_text() == "1"
     assert weights.weight("tier") == IDLE and record.is_ours(weights.read("tier"))
+
+
+def test_the_strongest_hold_is_the_least_weight_and_idle_only_when_asked(tmp_path: Path) -> None:
+    """With no target the lever asks for the least weight, never cpu.idle (kubelet, a resize and systemd must still
+    write the group's weight); cpu.idle is asked for by name, and where the kernel has none it is the least
+    weight. (Plain files stand in for a v2 group with and without cpu.idle.)"""
+    for name, files in (("idle-kernel", {"cpu.weight": "7", "cpu.idle": "0"}), ("old-kernel", {"cpu.weight": "7"})):
+        (tmp_path / name).mkdir()
+        for file, text in files.items():
+            (tmp_path / name / file).write_text(text)
+    v2 = WeightLever(CgroupWriter(str(tmp_path)), "v2")
+    assert v2.strongest("idle-kernel") == "1" and v2.strongest("old-kernel") == "1"
+    assert v2.resolve("idle-kernel", "0") == "0"
+    assert WeightLever(CgroupWriter(str(tmp_path)), "v2").resolve("old-kernel", "0") == "1"
+    assert v2.resolve("idle-kernel", "5") == "5"
+    v1 = WeightLever(CgroupWriter(str(tmp_path)), "v1")
+    assert v1.strongest("idle-kernel") == "2" and v1.resolve("idle-kernel", "0") == "2"

@@ -88,3 +88,17 @@ def test_an_idle_qos_tier_fails_kubelet_at_start(monkeypatch: pytest.MonkeyPatch
     result = run("v2", "kubelet_start")
     assert result.refused >= 1 and any("EINVAL" in r for r in result.refusals), result.refusals
     assert any(failure.startswith("fatal:") for failure in result.failures), result.failures
+
+
+@pytest.mark.parametrize(("scenario", "lever"), [("kubelet_start", "cpu.weight"), ("resize_up", "cpu.max")])
+def test_an_owners_overwrite_is_counted_by_lever(scenario: str, lever: str) -> None:
+    """kubelet's rewrite of a held tier's weight, and an in-place resize of a held pod, count as overwrites of that
+    lever (nodeguard_lever_overwritten_total{lever}): a user sees kubelet and nodeguard disagree."""
+    skip_without("v1")
+    counted: dict[str, int] = {}
+
+    def check(node: Node) -> None:
+        counted.update(node.levers[lever].writer.counters.overwritten)
+
+    run("v1", scenario, after=check)
+    assert counted.get(lever, 0) >= 1, counted

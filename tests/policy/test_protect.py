@@ -403,3 +403,23 @@ def test_quotas_that_cut_the_stall_stay() -> None:
     assert not any(restores(p) for p in later)
     protect = judged.state.protect
     assert judged.state.held(HeldThrottle) and protect.trial is None and protect.futile_until is None
+
+
+def test_only_a_besteffort_pod_is_asked_to_be_idle() -> None:
+    """Between sibling pods the weight lever lowers the competing pods themselves: a BestEffort pod is asked for
+    cpu.idle (its weight is written once, at its creation), a Burstable pod and a QoS tier for the least weight
+    (a resize and kubelet rewrite theirs, and an idle group refuses every weight write)."""
+    protected = usage("kp/burstable/web", qos=QosClass.BURSTABLE, cores=0.4, waiting=0.3, starved=0.0,
+                      protected=True)  # fmt: skip
+    siblings = [
+        usage("kp/burstable/batch", qos=QosClass.BURSTABLE, cores=0.8, waiting=0.7),
+        usage("kp/besteffort/be", qos=QosClass.BEST_EFFORT, cores=0.8, waiting=0.7),
+    ]
+    settings = guard(stall_objective(protect=["web"]), minQuotaCores=0.05)
+    p = plan(snapshot([protected, *siblings], cpus=2, cores_used=2.0), GuardState(), settings)
+    targets = {c.group: c.target for c in p.changes if c.kind == "reweigh"}
+    assert targets == {"kp/burstable/batch": None, "kp/besteffort": None}
+    be_pod = usage("kp/be", qos=QosClass.BEST_EFFORT, cores=0.8, waiting=0.7)
+    guaranteed = usage("kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=0.3, starved=0.0)
+    p = plan(snapshot([guaranteed, be_pod], cpus=2, cores_used=2.0), GuardState(), guard(stall_objective()))
+    assert {c.group: c.target for c in p.changes if c.kind == "reweigh"} == {"kp/be": "0"}

@@ -12,6 +12,7 @@ keeps), so "is this still our value?" is a string comparison for every lever.
 from __future__ import annotations
 
 import errno
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -31,6 +32,7 @@ class WriteCounts(Protocol):
 
     drift: int
     skipped_unchanged: int
+    overwritten: Counter[str]  # by lever name
 
 
 class Writer(Protocol):
@@ -163,6 +165,7 @@ def note_drift(
     if last_applied is None or current == last_applied:
         return dict(context)
     lever.writer.counters.drift += 1
+    lever.writer.counters.overwritten[lever.name] += 1
     if not lever.writer.dry_run:
         log.warning(f"{lever.noun} drift re-asserted", group=group, found=current, by=context.get("action"))
     return {**context, "drift_from": current}
