@@ -27,8 +27,9 @@ Strategies, each on fresh cgroups, measured after a warm-up:
 - hold: protect with ``weightHoldSeconds`` 4, far shorter than the run: the
   burners never stop, so ``restores_under_contention`` (weights the daemon put
   back while they ran) must be 0;
-- static_lever: the lever protect pulls (the batch tiers' weight at the least:
-  v1 ``cpu.shares`` 2, v2 ``cpu.idle``) held with no daemon running.
+- static_lever: the lever protect pulls (the batch tiers' weight at the least
+  kubelet can still write over: v1 ``cpu.shares`` 2, v2 ``cpu.weight`` 1) held
+  with no daemon running.
 
 The daemons tick at ``--tick`` seconds, by default the daemon's own default (1 s).
 
@@ -453,9 +454,8 @@ STRATEGIES: dict[str, Callable[[Node, Path, float], contextlib.AbstractContextMa
 
 @contextlib.contextmanager
 def static_lever(node: Node) -> Iterator[Acting]:
-    lever = Lever("idle_tiers", idle_tiers=True) if node.hierarchy.version == "v2" else STATIC_LEVER
-    with applied(node, lever):
-        yield Acting({"lever": lever.name})
+    with applied(node, STATIC_LEVER):
+        yield Acting({"lever": STATIC_LEVER.name})
 
 
 def daemon_tail(windows: dict[str, list[Window]], late_ms: float) -> dict[str, Any]:
@@ -504,7 +504,7 @@ LEVERS = [
     Lever("shares2_tiers", shares=2, shares_on_tiers=True, shares_on_pods=False),
     Lever("idle_tiers", idle_tiers=True),
 ]  # fmt: skip
-STATIC_LEVER = next(lv for lv in LEVERS if lv.name == "shares2_tiers")  # v1: what the weight lever writes
+STATIC_LEVER = next(lv for lv in LEVERS if lv.name == "shares2_tiers")  # what the weight lever writes (v2: weight 1)
 
 
 @contextlib.contextmanager
