@@ -45,10 +45,6 @@ class Applied:
     gone: frozenset[LeverKey] = frozenset()  # the group left
     released: frozenset[LeverKey] = frozenset()  # records that left the ledger with the write
 
-    @property
-    def refused_holding_back(self) -> bool:
-        return bool(self.refused)
-
 
 @dataclass(frozen=True, slots=True)
 class MovedOriginals:
