@@ -152,20 +152,30 @@ class Podman:
                 time.sleep(1)
         raise CommandFailed(self.command("rm", *names), result)
 
+    def remove_pod(self, name: str) -> None:
+        """Remove a pod and its containers (killed at once)."""
+        self("pod", "rm", "--force", "--time", "0", "--ignore", name, timeout=60)
+
 
 def sweep(podman: Podman) -> list[str]:
-    """Remove containers left by test sessions that are gone (killed mid-test, a burner may still burn).
+    """Remove containers and pods left by test sessions that are gone (killed mid-test, a burner may still burn).
 
-    Every test container is named ``ngtest-<pid of its session>-...`` (tests/realcgroups.unique_name).
+    Every test container and pod is named ``ngtest-<pid of its session>-...`` (tests/realcgroups.unique_name).
     """
-    listed = podman("ps", "--all", "--format", "{{.Names}}")
-    orphans = [
+    pods = _orphans(podman("pod", "ps", "--format", "{{.Name}}"))
+    for pod in pods:
+        podman.remove_pod(pod)
+    orphans = _orphans(podman("ps", "--all", "--format", "{{.Names}}"))
+    podman.remove(*orphans)
+    return pods + orphans
+
+
+def _orphans(listed: str) -> list[str]:
+    return [
         name
         for name in listed.split()
         if (match := re.match(r"ngtest-(\d+)-", name)) and not Path(f"/proc/{match.group(1)}").exists()
     ]
-    podman.remove(*orphans)
-    return orphans
 
 
 def fresh_run_state() -> None:

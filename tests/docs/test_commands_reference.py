@@ -61,3 +61,15 @@ def test_a_command_without_exit_codes_stops_the_generator(monkeypatch: pytest.Mo
     monkeypatch.delitem(module.EXIT_CODES, "restore")
     with pytest.raises(module.Undocumented, match="restore"):
         module.render()
+
+
+def test_the_cluster_caps_guide_lists_every_option_of_admit_and_links_to_its_reference() -> None:
+    """docs/cluster-caps.md names each option of `nodeguard admit` (the init container's command) and links to the
+    command's generated section for the rest."""
+    guide = (REPO / "docs" / "cluster-caps.md").read_text()
+    _, commands = command_parsers()
+    for action in commands["admit"]._actions:
+        for option in action.option_strings:
+            if option not in ("-h", "--help"):
+                assert f"`{option}`" in guide, option
+    assert "(reference/commands.md#nodeguard-admit)" in guide

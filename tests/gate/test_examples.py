@@ -54,7 +54,8 @@ def test_systemd_example_passes_systemd_analyze_verify(tmp_path: Path) -> None:
 
 
 def test_pod_snippet_is_a_valid_pod_whose_init_container_the_gate_admits() -> None:
-    """The snippet is a valid Pod; its init container runs `nodeguard admit` on the host's socket with ids the shipped config allows."""
+    """The snippet is a valid Pod; its init container runs `nodeguard admit` on the host's socket with ids the shipped
+    config allows, for a cluster semaphore the shipped config has."""
     (pod,) = [doc for doc in yaml.safe_load_all(POD.read_text()) if doc]
     kubernetes_validate.validate(pod, kubernetes_validate.latest_version(), strict=True)
     (init,) = pod["spec"]["initContainers"]
@@ -65,9 +66,10 @@ def test_pod_snippet_is_a_valid_pod_whose_init_container_the_gate_admits() -> No
     assert volume["hostPath"]["path"] == "/run/nodeguard"
 
     (configmap,) = [doc for doc in yaml.safe_load_all(CONFIGMAP.read_text()) if doc]
-    gate = parse_text(configmap["data"]["config.json"]).global_.gate
-    assert gate.socket == args.socket
-    assert init["securityContext"]["runAsGroup"] in gate.allowed_gids
+    shipped = parse_text(configmap["data"]["config.json"]).global_
+    assert shipped.gate.socket == args.socket
+    assert init["securityContext"]["runAsGroup"] in shipped.gate.allowed_gids
+    assert args.semaphore in shipped.coordination.semaphores  # the cluster cap it waits for is one the nodes share
 
 
 def test_oci_hook_example_runs_the_hook_at_create_runtime_and_poststop() -> None:

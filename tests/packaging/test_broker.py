@@ -137,8 +137,9 @@ class ShippedBroker:
             self.proc.wait(5)
 
 
-@pytest.fixture
-def shipped_broker(tmp_path: Path) -> Iterator[ShippedBroker]:
+@contextlib.contextmanager
+def started_broker(tmp_path: Path) -> Iterator[ShippedBroker]:
+    """The shipped broker, its password file made by its init container, running until the block ends."""
     if not os.access(MOSQUITTO, os.X_OK):
         pytest.skip("mosquitto is not installed (Debian package mosquitto)")
     broker = ShippedBroker(tmp_path)
@@ -151,9 +152,20 @@ def shipped_broker(tmp_path: Path) -> Iterator[ShippedBroker]:
         broker.stop()
 
 
+@pytest.fixture
+def shipped_broker(tmp_path: Path) -> Iterator[ShippedBroker]:
+    with started_broker(tmp_path) as broker:
+        yield broker
+
+
 def node_settings(broker: ShippedBroker, tmp_path: Path, **override: Any) -> CoordinationSettings:
     """The ConfigMap's coordination section turned on, as an operator does, with the broker at this test's address
     and the password file where the DaemonSet mounts the broker's Secret."""
+    return CoordinationSettings.model_validate(coordination_section(broker, tmp_path, **override))
+
+
+def coordination_section(broker: ShippedBroker, tmp_path: Path, **override: Any) -> dict[str, Any]:
+    """:func:`node_settings` as the JSON of a node's config (``override``: keys of its ``broker``)."""
     base = render(BASE)
     raw = json.loads(of_kind(base, "ConfigMap")["data"]["config.json"])["global"]["coordination"]
     daemonset = of_kind(base, "DaemonSet")["spec"]["template"]["spec"]
@@ -170,9 +182,7 @@ def node_settings(broker: ShippedBroker, tmp_path: Path, **override: Any) -> Coo
         "passwordFile": str(broker.secret / password.name),
         **override,
     }
-    return CoordinationSettings.model_validate(
-        {**raw, "enabled": True, "stateDir": str(state), "broker": broker_settings}
-    )
+    return {**raw, "enabled": True, "stateDir": str(state), "broker": broker_settings}
 
 
 @contextlib.asynccontextmanager

@@ -1,13 +1,17 @@
 #!/bin/sh
 # A gated test container (busybox): records when it starts, serves HTTP on
-# 127.0.0.1:PORT after DELAY seconds, and records when the first readiness probe
-# reached /cgi-bin/ready (the moment the gate saw it ready, before its slot is
-# freed). Records: /records/NAME, one "EVENT SECONDS.MICROSECONDS" line each, on
-# the wall clock (adjtimex: busybox's date has no sub-second format).
+# 127.0.0.1:PORT after DELAY (seconds, or a path: once that file exists), and
+# records when the first readiness probe reached /cgi-bin/ready (the moment the
+# gate saw it ready, before its slot is freed). Records: /records/NAME, one
+# "EVENT SECONDS.MICROSECONDS" line each, on the wall clock (adjtimex:
+# busybox's date has no sub-second format).
 # Usage: server.sh NAME PORT DELAY
 name=$1 port=$2 delay=$3
 echo "start $(sh /gate/now.sh)" >> "/records/$name"
-sleep "$delay"
+case $delay in
+  /*) while [ ! -e "$delay" ]; do sleep 0.05; done ;;
+  *) sleep "$delay" ;;
+esac
 mkdir -p /tmp/www/cgi-bin
 cat > /tmp/www/cgi-bin/ready <<CGI
 #!/bin/sh
