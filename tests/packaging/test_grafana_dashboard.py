@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 import nodeguard.surfaces.metrics
+from nodeguard.model.levers import LEVERS
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "packaging" / "grafana" / "nodeguard-dashboard.json"
@@ -81,7 +82,9 @@ def exported_metric_names(source: str) -> set[str]:
     return {n for n in names if METRIC_NAME.fullmatch(n) and not n.endswith("_")}
 
 
-EXPORTED = exported_metric_names(Path(nodeguard.surfaces.metrics.__file__).read_text(encoding="utf-8"))
+# The lever gauges are named by each lever's terms (nodeguard.model.levers), which the collector iterates over.
+LEVER_GAUGES = {name for t in LEVERS for name in (t.count_metric, t.value_metric, t.original_metric) if name}
+EXPORTED = exported_metric_names(Path(nodeguard.surfaces.metrics.__file__).read_text(encoding="utf-8")) | LEVER_GAUGES
 
 
 def dashboard() -> dict[str, Any]:
