@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.coordination.harness import coordination_config
-from tests.gate.helpers import Gate
-from tests.ports import free_port
+from tests.support.gate import Gate
+from tests.support.ports import free_port
 
 LOAD = str(Path(__file__).resolve().parents[1] / "tests" / "coordination" / "notify_load.py")
 SEM = "prepare"

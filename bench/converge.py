@@ -55,8 +55,8 @@ from nodeguard.daemon import Daemon  # noqa: E402
 from nodeguard.model.samples import CpuMax  # noqa: E402
 from nodeguard.model.snapshot import Snapshot  # noqa: E402
 from nodeguard.sources.sensor import Sensor  # noqa: E402
-from tests import realcgroups as rc  # noqa: E402
-from tests.workloads import start_duty_cycle  # noqa: E402
+from tests.support import cgroups as rc  # noqa: E402
+from tests.support.workloads import start_duty_cycle  # noqa: E402
 
 TICK = 0.5
 TICKS = 14
@@ -320,7 +320,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from tests.support.workloads import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

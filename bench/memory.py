@@ -69,9 +69,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests import realcgroups as rc  # noqa: E402
-from tests.daemon_proc import DaemonProcess  # noqa: E402
-from tests.workloads import CPU_UNITS, p99, probe_lateness, start_probe  # noqa: E402
+from tests.support import cgroups as rc  # noqa: E402
+from tests.support.daemon import DaemonProcess  # noqa: E402
+from tests.support.workloads import CPU_UNITS, p99, probe_lateness, start_probe  # noqa: E402
 
 MiB = 1 << 20
 ROOT = rc.CGROUP_ROOT
@@ -464,7 +464,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from tests.support.workloads import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

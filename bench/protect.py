@@ -94,11 +94,11 @@ sys.path.insert(0, str(REPO))
 
 from nodeguard.model.samples import CpuMax  # noqa: E402
 from nodeguard.sources.procfs import parse_proc_stat_cpu  # noqa: E402
-from tests import realcgroups as rc  # noqa: E402
-from tests.daemon_proc import DaemonProcess  # noqa: E402
 from tests.kernel.vm import IN_VM  # noqa: E402
-from tests.ports import free_port  # noqa: E402
-from tests.workloads import CPU_UNITS, p99, p99_windows, probe_iterations, probe_lateness, start_probe  # noqa: E402
+from tests.support import cgroups as rc  # noqa: E402
+from tests.support.daemon import DaemonProcess  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.workloads import CPU_UNITS, p99, p99_windows, probe_iterations, probe_lateness, start_probe  # noqa: E402
 
 TICK = 0.5  # tier_suppress's loop (koordlet's suppression interval)
 DAEMON_TICK = 1.0  # the daemon's tickSeconds: its default (--tick)
@@ -777,7 +777,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from tests.support.workloads import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from nodeguard.model.samples import CpuMax  # noqa: E402
 from nodeguard.sources.procfs import parse_proc_stat_cpu  # noqa: E402
 from nodeguard.sources.readers import count_cpus  # noqa: E402
-from tests import realcgroups as rc  # noqa: E402
+from tests.support import cgroups as rc  # noqa: E402
 
 SECONDS = 4.0
 THROTTLED = CpuMax(20000, 100000)
@@ -110,7 +110,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from tests.support.workloads import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -21,7 +21,7 @@ children's working directory and first on their PYTHONPATH).
 - ``exec_to_first_tick_ms``: ``nodeguard run --dry-run`` with
   packaging/examples/kubernetes.json (its cgroupRoot, socket, ledger and HTTP
   port pointed at this host and this run; gate and HTTP on as in the example)
-  on a kubelet-shaped tree (tests/integration/harness.py: pods under
+  on a kubelet-shaped tree (tests/support/node.py: pods under
   ``<parent>/kubepods/burstable`` and a Guaranteed pod, limits at pod and
   container, in this host's v1 cpu hierarchy or the v2 mount), from exec to
   its READY=1 on $NOTIFY_SOCKET, which the daemon sends after its first good
@@ -551,9 +551,9 @@ def cpu_limited(run: Run, node: Any, cores: float, runs: int, burst: int) -> dic
 
 @contextlib.contextmanager
 def kubelet_tree(pods: int) -> Iterator[Any]:
-    """A kubelet-shaped tree in this host's cgroups (tests/integration/harness.py), or None (and why) without root."""
-    from tests import realcgroups as rc
-    from tests.integration.harness import kubelet_node
+    """A kubelet-shaped tree in this host's cgroups (tests/support/node.py), or None (and why) without root."""
+    from tests.support import cgroups as rc
+    from tests.support.node import kubelet_node
 
     if rc.why_no_v1_cpu() is None:
         cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
@@ -613,7 +613,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from tests.support.workloads import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

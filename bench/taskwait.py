@@ -37,7 +37,7 @@ ROUNDS = 200
 def pod_costs() -> dict[str, float]:
     """Per-tick cost of following one kubelet-shaped pod on v1; {} where this machine has no v1 cpu hierarchy."""
     from nodeguard.sources.taskwait import TaskWait, subtree
-    from tests import realcgroups as rc
+    from tests.support import cgroups as rc
 
     if rc.why_no_v1_cpu():
         return {}
@@ -119,7 +119,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from tests.support.workloads import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

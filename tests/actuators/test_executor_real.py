@@ -9,10 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from nodeguard.actuators import levers
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import Change, recorded
-from nodeguard.actuators.evictors import Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
@@ -23,15 +19,11 @@ from nodeguard.policy.metrics import Metric
 from nodeguard.policy.outcome import after_pass, after_reweigh, fold_moves
 from nodeguard.policy.planner import Plan, plan
 from nodeguard.policy.state import GuardState, HeldThrottle
-from tests import realcgroups as rc
 from tests.policy.builders import cpu_throttle, guard, snapshot, usage
+from tests.support import cgroups as rc
+from tests.support.levers import executor_for, throttle_by_hand
 
 POD_LIMIT = CpuMax(150000)
-
-
-class NoEvictions(Evictor):
-    async def evict(self, workload_id: str, **context: object) -> bool:
-        raise AssertionError("no eviction in these tests")
 
 
 @pytest.fixture
@@ -46,10 +38,6 @@ def full_ledger_dir(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-def executor_for(root: str, version: str, ledger: Ledger) -> Executor:
-    return Executor(levers.build(CgroupWriter(root), version), NoEvictions(), ledger, lambda coro, name: None)
-
-
 def carried(executor: Executor, result: Plan, before: GuardState, seen: Snapshot) -> GuardState:
     """One pass carried out and folded into the state, as the daemon does."""
     return after_pass(result, before, executor.carry_out(result, before, seen).outcome).state
@@ -59,14 +47,6 @@ def reweighed(executor: Executor, result: Plan, state: GuardState) -> tuple[Guar
     """The plan's weights changed and folded into the state, as the daemon does; the changes made."""
     done = executor.reweigh(result)
     return after_reweigh(result, state, done.unchanged), list(done.done)
-
-
-def throttle_by_hand(executor: Executor, ledger: Ledger, pod: str, original: CpuMax, to: CpuMax) -> None:
-    """Throttle a pod (and cap its children) as an earlier tick would have, its record in the ledger."""
-    current, writes = executor.quota.plan(pod, to.render_v2(), {})
-    executor.quota.perform(writes)
-    change = Change("cpu.max", pod, to.render_v2(), original.render_v2(), False, "throttle", "cpu_total_usage")
-    ledger.record(recorded(ledger, executor.quota, change, current, writes, pending=False))
 
 
 def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: Path) -> None:

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
+from tests.support.poll import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".containers"
@@ -149,14 +150,14 @@ class Podman:
                 return
             if attempt < 2:
                 print(f"podman rm failed, trying again: {result.stderr.strip()}", file=sys.stderr)
-                time.sleep(1)
+                time.sleep(1)  # a pause between retries of a failed command, not a wait on state
         raise CommandFailed(self.command("rm", *names), result)
 
 
 def sweep(podman: Podman) -> list[str]:
     """Remove containers left by test sessions that are gone (killed mid-test, a burner may still burn).
 
-    Every test container is named ``ngtest-<pid of its session>-...`` (tests/realcgroups.unique_name).
+    Every test container is named ``ngtest-<pid of its session>-...`` (tests/support/cgroups.unique_name).
     """
     listed = podman("ps", "--all", "--format", "{{.Names}}")
     orphans = [
@@ -429,12 +430,14 @@ def wait_for_the_node(root: Path, timeout: float = 180) -> None:
     """
     from nodeguard.actuators.node_lock import NodeBusy, hold_node
 
-    deadline = time.monotonic() + timeout
-    while True:
+    busy: list[NodeBusy] = []
+
+    def free() -> bool:
         try:
             with hold_node(str(root)):
-                return
+                return True
         except NodeBusy as exc:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the node stayed busy for {timeout:.0f} s: {exc}") from None
-            time.sleep(0.5)
+            busy[:] = [exc]
+            return False
+
+    wait_until(free, timeout, "no other nodeguard acting on the node", interval=0.5, detail=lambda: str(busy[-1]))

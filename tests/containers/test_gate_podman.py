@@ -27,9 +27,10 @@ import pytest
 
 from tests.containers import runtime
 from tests.containers.runtime import Podman
-from tests.gate.helpers import Gate, running, wait_until
-from tests.gate.test_gate_e2e import max_overlap
-from tests.ports import free_port
+from tests.support.gate import Gate, running
+from tests.support.poll import wait_until
+from tests.support.ports import free_port
+from tests.support.records import max_overlap
 
 GATED = Path(__file__).with_name("gated")
 

@@ -13,30 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.gate.helpers import SLOW_SERVER, Gate, Session, output, running, wait_until
-from tests.ports import free_port
+from tests.support.gate import SLOW_SERVER, Gate, Session, output, running
+from tests.support.poll import wait_until
+from tests.support.ports import free_port
+from tests.support.records import max_overlap, read_records
 
 SERVERS = 20
 # index -> the indices it depends on
 DEPENDS = {4: [0, 1], 9: [4], 13: [9, 2], 17: [13], 18: [17, 5]}
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    # At equal times an end sorts before a start (-1 < 1): touching intervals do not overlap.
-    current = peak = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
-
-
-def read_records(log: Path) -> dict[str, dict[str, float]]:
-    records: dict[str, dict[str, float]] = {}
-    for line in log.read_text().splitlines():
-        event, name, at = line.split()
-        records.setdefault(name, {})[event] = float(at)
-    return records
 
 
 def test_twenty_servers_two_starting_at_most_in_dependency_order(tmp_path: Path) -> None:

@@ -6,9 +6,10 @@ import signal
 from pathlib import Path
 
 from nodeguard.gate import store
-from tests.daemon_proc import DaemonProcess
-from tests.gate.helpers import Gate, wait_until
-from tests.gate.test_state_file import record, write_state
+from tests.gate.state_records import record, write_state
+from tests.support.daemon import DaemonProcess
+from tests.support.gate import Gate
+from tests.support.poll import wait_until
 
 RESTART_ONLY = "gate.socket and gate.enabled change only on restart"
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nodeguard.gate.readiness import ExecProbe, HttpProbe, TcpProbe, probe_once, wait_until_ready
-from tests.ports import free_port
+from tests.support.ports import free_port
 
 
 class Status404(http.server.BaseHTTPRequestHandler):

@@ -16,25 +16,13 @@ from typing import Any
 import pytest
 
 from nodeguard.actuators.ledger import Ledger
-from nodeguard.sources.procfs import parse_proc_stat_cpu
 from nodeguard.sources.readers import count_cpus
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import BURNERS, SLOW, TICK, UNLIMITED, ShapedNode, plain_node
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import BURNERS, SLOW, TICK, UNLIMITED, ShapedNode, node_cores, plain_node
 
 BURNER_SHARES = [0.4, 0.4, 0.1, 0.1, 0.1, 0.1]  # of each 100 ms: two heavy burners, four light ones
 IMPORTANT_SHARE = 0.3
-
-
-def node_cores(seconds: float) -> float:
-    def read() -> tuple[int, int]:
-        cpu = parse_proc_stat_cpu(Path("/proc/stat").read_text())
-        return cpu.busy, cpu.total
-
-    busy0, total0 = read()
-    time.sleep(seconds)
-    busy1, total1 = read()
-    return (busy1 - busy0) / (total1 - total0) * count_cpus(Path("/proc/stat").read_text())
 
 
 @pytest.fixture

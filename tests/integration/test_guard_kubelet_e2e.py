@@ -24,14 +24,12 @@ import pytest
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import count_cpus
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW, UNLIMITED, ShapedNode, kubelet_node
-from tests.integration.test_guard_e2e import node_cores
-from tests.ports import free_port
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import GUARANTEED_LIMIT, SLOW, UNLIMITED, ShapedNode, kubelet_node, node_cores
+from tests.support.ports import free_port
 
 POD_LIMIT = CpuMax(150000)  # 1.5 cores, at the pod and at its container
-GUARANTEED_LIMIT = CpuMax(50000)
 SETTLE_TICKS = 8  # ticks after convergence that must stay under the waterline
 # How far one reading may stray over the waterline in those ticks: the noise of a shared machine on one tick's node
 # CPU; an oscillation swings further, and shows in the mean too. Under emulation one tick read a full 0.1 over

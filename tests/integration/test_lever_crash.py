@@ -9,20 +9,18 @@ the QEMU VM.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from nodeguard.actuators.ledger import Ledger
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW, ShapedNode
-from tests.integration.test_protect_e2e import SLEEPER_SHARE, protect_config, protected_node
+from tests.integration.crashes import crash_holding, held
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import SLEEPER_SHARE, SLOW, ShapedNode, protect_config, protected_node
 
 REPO = Path(__file__).parents[2]
 HOLD = 3.0  # weightHoldSeconds of the daemons after the crash
@@ -40,44 +38,6 @@ def any_node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
     """v1 on the host and, marked ``kernel``, v2 in the VM."""
     with protected_node(hierarchy) as shaped:
         yield shaped
-
-
-def held(ledger: Path) -> dict[str, set[str]]:
-    """The groups each lever holds in the ledger file."""
-    found = Ledger.load(str(ledger))
-    return {lever: set(found.of(lever)) for lever in ("cpu.max", "cpu.weight")}
-
-
-def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
-    """Run a daemon until it holds the Burstable tier's weight down (and, with ``quotas``, burners' quotas too),
-    then SIGKILL it; returns the ledger it left."""
-    ledger = tmp_path / "run/ledger.json"
-    guard: dict[str, Any] = {"weightHoldSeconds": 600}
-    config = protect_config(node, ledger, **guard)
-    daemon = DaemonProcess(config, tmp_path).start()
-    tier = f"{node.parent}/kubepods/burstable"
-
-    def lowered() -> bool:
-        # The ledger is written before the kernel: wait for both, or a SIGKILL between them leaves it as it was.
-        return tier in held(ledger)["cpu.weight"] and node.hierarchy.weight(tier) != node.weights[tier]
-
-    try:
-        daemon.wait_for(lowered, 30 * SLOW, "the tier's weight held")
-        if quotas:
-            # Then, reloaded, a node waterline the burners exceed: their quotas go down beside the tier's weight.
-            # (Given from the start, it throttled the burners before they could harm the pod: no weight came down.)
-            config["global"]["guard"]["objectives"].append({
-                "metric": "cpu_total_utilization", "action": "throttle", "threshold": "50%", "restoreBelow": "30%",
-                "triggerAfter": 1, "restoreAfter": 2,
-            })  # fmt: skip
-            daemon.config_path.write_text(json.dumps(config))
-            daemon.signal(signal.SIGHUP)
-            daemon.wait_for(lambda: all(held(ledger).values()) and bool(node.throttled()), 30 * SLOW,
-                            "a weight and a quota held")  # fmt: skip
-    finally:
-        daemon.kill()
-    assert daemon.wait() == -signal.SIGKILL
-    return ledger
 
 
 def restart(node: ShapedNode, ledger: Path, tmp_path: Path, on_start: str) -> DaemonProcess:

@@ -19,12 +19,11 @@ import pytest
 
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW, ShapedNode
-from tests.integration.test_protect_e2e import protect_config, protected_node
 from tests.kernel.vm import IN_VM
-from tests.workloads import CPU_UNITS, p99, p99_windows, probe_lateness, start_probe
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import SLOW, ShapedNode, protect_config, protected_node
+from tests.support.workloads import CPU_UNITS, p99, p99_windows, probe_lateness, start_probe
 
 HOLD = 3.0  # weightHoldSeconds: a fifth of a measured window
 WINDOW = 15.0  # seconds of each window whose p99 is judged

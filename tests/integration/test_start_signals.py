@@ -25,12 +25,12 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.changes import Change
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
-from tests import realcgroups as rc
-from tests.actuators.test_executor_real import executor_for, throttle_by_hand
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW, ShapedNode
-from tests.integration.test_lever_crash import crash_holding, held
-from tests.integration.test_protect_e2e import SLEEPER_SHARE, protect_config, protected_node
+from tests.integration.crashes import crash_holding, held
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.levers import executor_for, throttle_by_hand
+from tests.support.node import SLEEPER_SHARE, SLOW, ShapedNode, protect_config, protected_node
+from tests.support.poll import wait_until
 
 HOST_DELAYS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 3.0)
 # In the VM: the moment nodeguard takes SIGTERM over (None: deterministic, seconds of imports before the first
@@ -97,14 +97,13 @@ def run_and_stop(
     daemon = DaemonProcess(protect_config(node, ledger), workdir).start()
     assert daemon.proc is not None
     try:
-        if delay is None:
-            deadline = time.monotonic() + 30 * SLOW
-            while not catches(daemon.proc.pid, signum):
-                assert time.monotonic() < deadline and daemon.proc.poll() is None, "never took the signal over"
-                time.sleep(0.001)
+        pid = daemon.proc.pid
+        if delay is None:  # at once: every millisecond of the start-up is a moment this test may hit
+            wait_until(lambda: catches(pid, signum), 30 * SLOW, "the signal taken over", interval=0.001,
+                       give_up=daemon.exited)  # fmt: skip
         else:
-            time.sleep(delay)
-        caught = catches(daemon.proc.pid, signum)
+            time.sleep(delay)  # the scenario: the signal this long after exec, wherever the start-up is
+        caught = catches(pid, signum)
         daemon.signal(signum)
         return daemon.wait(timeout=30 * SLOW), caught
     finally:

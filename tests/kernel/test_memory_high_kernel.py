@@ -26,9 +26,9 @@ from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.config import parse_document
 from nodeguard.daemon import Daemon
 from nodeguard.sources.cgroupfs import parse_flat_keyed
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import SLOW
 
 pytestmark = pytest.mark.kernel
 

@@ -16,8 +16,7 @@ from nodeguard.policy.planner import plan
 from nodeguard.policy.protect import Phase, ProtectState, Seen, judge, observe, on_trial, step
 from nodeguard.policy.settings import GuardSettings, ProtectSettings
 from nodeguard.policy.state import Direction, GuardState, LoweredWeight, QuotaTrial
-from tests.policy.builders import guard, snapshot
-from tests.policy.test_protect import kubelet_node, stall_objective
+from tests.policy.builders import guard, kubelet_node, snapshot, stall_objective
 
 STALL = Metric.PROTECTED_CPU_STALL
 TUNING = ProtectSettings()

@@ -14,7 +14,7 @@ from nodeguard.config import Settings
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.sources import readers
 from nodeguard.sources.sensor import Sensor
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 
 TOLERANCE = 0.08  # cores; CFS enforcement measured here within ±1 % of a core
 

@@ -12,8 +12,8 @@ import pytest
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.taskwait import TaskWait, Waits, subtree
-from tests import realcgroups as rc
-from tests.workloads import DUTY_CYCLE
+from tests.support import cgroups as rc
+from tests.support.workloads import DUTY_CYCLE
 
 # Each says it is pinned (one line) before it loops: in the emulated VM a Python start can outlast a fixed sleep, and
 # a child measured before it pins itself runs on both CPUs.

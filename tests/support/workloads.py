@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.realcgroups import start_in
+from tests.support.cgroups import start_in
 
 # Spins for `share` of every 100 ms window and sleeps the rest, by wall time, so
 # it uses about `share` of a core on any machine speed until a quota holds it back.
@@ -27,7 +27,7 @@ while True:
 
 
 def start_duty_cycle(share: float, *groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
-    """``share`` of a core, in every given group; ``announce``: see realcgroups.ANNOUNCE."""
+    """``share`` of a core, in every given group; ``announce``: see cgroups.ANNOUNCE."""
     return start_in(groups, DUTY_CYCLE, str(share), announce=announce)
 
 
