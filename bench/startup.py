@@ -383,9 +383,10 @@ def rss(run: Run, node: Any, ticks: int, tick: float, bare: dict[str, float]) ->
     with running(run, off, "rss-off") as daemon:
         daemon.wait_ticks(ticks)
         found["off"] = split_mb(daemon.proc.pid)
-    from bench.cluster import start_mosquitto
+    from bench.common import Broker
 
-    broker, port = start_mosquitto(run.work)
+    broker = Broker(run.work).start()
+    port = broker.port
     try:
         on["global"]["coordination"] = {
             "enabled": True, "cluster": "bench", "seeds": ["bench-node"], "semaphores": {"prepare": 8},
@@ -396,8 +397,7 @@ def rss(run: Run, node: Any, ticks: int, tick: float, bare: dict[str, float]) ->
             found["on"] = split_mb(daemon.proc.pid)
             coordinated = any(e.get("event") == "connected to the MQTT broker" for e in daemon.events())
     finally:
-        broker.terminate()
-        broker.wait(10)
+        broker.stop()
     return {
         "bare_rss_mb": round(bare["rss"], 1),
         "daemon_rss_mb": {k: round(v["rss"], 1) for k, v in found.items()},
@@ -552,8 +552,7 @@ def cpu_limited(run: Run, node: Any, cores: float, runs: int, burst: int) -> dic
 @contextlib.contextmanager
 def kubelet_tree(pods: int) -> Iterator[Any]:
     """A kubelet-shaped tree in this host's cgroups (tests/support/node.py), or None (and why) without root."""
-    from tests.support import cgroups as rc
-    from tests.support.node import kubelet_node
+    from bench.common import kubelet_node, rc
 
     if rc.why_no_v1_cpu() is None:
         cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
@@ -613,7 +612,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.support.workloads import stop_cleanly_on_sigterm
+    from bench.common import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""Test modules share helpers through support modules, never by importing one another."""
+"""Test modules share helpers through support modules, never by importing one another; bench/ imports the tests
+through its one common module."""
 
 from __future__ import annotations
 
@@ -65,3 +66,41 @@ def test_no_support_module_takes_a_standard_module_s_name() -> None:
     names = {path.stem for path in (TESTS / "support").glob("*.py")}
     assert len(names) > 5, "tests/support was not found"
     assert names & set(sys.stdlib_module_names) == set()
+
+
+BENCH = TESTS.parent / "bench"
+
+
+def imports_of(source: str) -> list[str]:
+    """Every module a source imports by absolute name, at any level."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(node.module)
+    return found
+
+
+def test_bench_imports_the_tests_only_through_its_common_module() -> None:
+    """Of bench/, only common.py imports from tests/: what the benchmarks share comes from one module."""
+    importing = {
+        path.name
+        for path in BENCH.glob("*.py")
+        if any(name == "tests" or name.startswith("tests.") for name in imports_of(path.read_text()))
+    }
+    assert importing == {"common.py"}
+
+
+def test_no_import_cycle_between_bench_modules() -> None:
+    """No two bench modules import each other, directly or through others, a function's lazy import included."""
+    graph = {
+        path.stem: {name.split(".")[1] for name in imports_of(path.read_text()) if name.startswith("bench.")}
+        for path in BENCH.glob("*.py")
+    }
+    assert len(graph) > 10, "bench/ was not found"
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in graph.get(start, ()))
+
+    assert [name for name in sorted(graph) if reaches(name, name, {name})] == []

@@ -1,4 +1,4 @@
-"""The probe of tests/workloads.py, which e2e tests and bench/protect.py read a service level from."""
+"""The probe of tests/support/workloads.py, which e2e tests and bench/protect.py read a service level from."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 contention, and a protected pod whose service level is measured the whole time.
 
 test_protect_e2e's kubelet-shaped node (six Burstable burners at equal weights,
-a Guaranteed pod), the protected pod running the probe of tests/workloads.py (a
+a Guaranteed pod), the protected pod running the probe of tests/support/workloads.py (a
 4 ms unit of CPU every 10 ms; its lateness is its service level) under a 1-core
 limit, so that its tail is what the burners and the daemon do to it, not its own
 quota. cgroup v1 on this host (the VM's emulation is too slow for a test this long within the suite's budget).

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -134,7 +133,3 @@ def p99_windows(text: str, since_us: int, until_us: int, span: float, step: floa
         start += round(step * 1e6)
     return found
 
-
-def stop_cleanly_on_sigterm() -> None:
-    """SIGTERM raises SystemExit in a bench, so its with-blocks stop its processes and remove its cgroups."""
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
