@@ -105,7 +105,7 @@ class NodeProcess:
                 self.proc.wait(10)  # it drains first: up to drainSeconds (3) and a second for its last record
             except subprocess.TimeoutExpired:
                 os.kill(self.proc.pid, signal.SIGUSR2)  # its tasks' stacks go to its log
-                time.sleep(0.3)
+                time.sleep(0.3)  # kept: a failing test's diagnostics, time for the stacks to be written
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
                 raise AssertionError(f"{self.name} did not stop on SIGTERM\n{self.log_tail(60)}") from None

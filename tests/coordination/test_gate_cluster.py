@@ -157,7 +157,9 @@ def test_a_restarted_daemon_claims_the_slot_of_its_starting_load_before_any_new_
     try:
         request = {"op": "submit", "name": "newer", "semaphore": "prepare", "readiness": notify, "detach": True}
         assert newer.request(request)["ok"]
-        time.sleep(1.0)  # time enough for a wrong admission to show
+        wait_until(lambda: cluster.nodes[FIRST].coordination()["semaphores"]["prepare"]["waiting"] == 1, 10,
+                   "the newer load queued for a cluster slot")  # fmt: skip
+        time.sleep(1.0)  # kept: the scenario is a window in which a wrong admission would show
         assert a.load("newer")["state"] == "pending"  # type: ignore[index]
         assert a.request({"op": "ready", "name": "long0"})["ok"]
         a.wait_state("newer", "starting", timeout=10)

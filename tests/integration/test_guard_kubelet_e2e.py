@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import signal
 import statistics
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -60,8 +59,7 @@ def waterline(node_cpus: int) -> float:
 @pytest.fixture
 def daemon(node: ShapedNode, tmp_path: Path) -> Iterator[DaemonProcess]:
     threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
-    node.start()
-    time.sleep(1.0)  # start() waited for every burner's loop; then their steady shares before the first tick
+    node.start()  # returns once every burner runs its loop: the node is as busy as it will be
     process = DaemonProcess(config(node, tmp_path / "run/ledger.json", threshold), tmp_path)
     process.threshold = threshold  # type: ignore[attr-defined]
     try:
@@ -181,8 +179,8 @@ def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path
             node.hierarchy.set_limit(f"{trap.inner}/a", POD_LIMIT)
             node.hierarchy.set_limit(deep, POD_LIMIT)
             node.start()
-            node.procs.append(trap.start_busy())
-            time.sleep(1.0)
+            node.procs.append(trap.start_busy(announce=True))
+            rc.wait_started(node.procs[-1:], 30)
             threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
             config_ = config(node, tmp_path / "run/ledger.json", threshold)
             listen = f"127.0.0.1:{free_port()}"

@@ -10,7 +10,6 @@ the QEMU VM.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,7 +55,6 @@ def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ShapedNode
     """A ledger holding only the tier's lowered weight, left by a SIGKILLed daemon, is put back by the next daemon
     before its first tick (onStart: restore), and the ledger empties."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=False)
     assert held(ledger) == {"cpu.max": set(), "cpu.weight": {f"{node.parent}/kubepods/burstable"}}
     assert node.changed(), "the crash left the weight down"
@@ -64,7 +62,7 @@ def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ShapedNode
 
     daemon = restart(node, ledger, tmp_path, "restore")
     try:
-        daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
+        daemon.wait_for(lambda: daemon.logged("tick"), 20 * SLOW, "a first tick")
         events = [e.get("event") for e in daemon.events()]
         assert "restored the ledger's records" in events
         assert events.index("restored the ledger's records") < events.index("tick")
@@ -78,7 +76,6 @@ def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: Sha
     """With onStart: adopt the next daemon takes the crashed one's lowered weight as its own and, the harm gone,
     puts it back within weightHoldSeconds while it runs."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=False)
     tier = f"{node.parent}/kubepods/burstable"
     assert node.hierarchy.weight(tier) != node.weights[tier]
@@ -86,7 +83,7 @@ def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: Sha
 
     daemon = restart(node, ledger, tmp_path, "adopt")
     try:
-        daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
+        daemon.wait_for(lambda: daemon.logged("tick"), 20 * SLOW, "a first tick")
         adopted = next(e for e in daemon.events() if e.get("event") == "re-adopted the ledger's records")
         assert adopted["cpu.weight"] == 1, adopted
         took = daemon.wait_for(lambda: not node.changed(), (HOLD + 10) * SLOW, "the weight back while running")
@@ -104,7 +101,6 @@ def test_weights_and_quotas_both_come_back_after_a_crash(any_node: ShapedNode, t
     puts every weight and limit back once the burners stop, and the ledger empties."""
     node = any_node
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=True)
     assert all(held(ledger).values())
     node.stop_burners()

@@ -50,7 +50,6 @@ def crashed(node: ShapedNode, tmp_path: Path) -> tuple[Path, bytes]:
     """The ledger a SIGKILLed daemon left holding the tier's weight and a burner's quota, and its bytes; the
     burners stopped since."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding_both(node, tmp_path)
     node.stop_burners()
     return ledger, ledger.read_bytes()
@@ -182,21 +181,17 @@ def test_a_reload_while_starting_is_applied_after_start_and_a_stop_then_restores
         daemon = DaemonProcess(protect_config(node, ledger), tmp_path / f"hup-{i}").start()
         assert daemon.proc is not None
         try:
-            time.sleep(delay)
+            time.sleep(delay)  # the scenario: SIGHUP this long after exec, wherever the start-up is
             if not catches(daemon.proc.pid, signal.SIGHUP):
                 continue  # still inside the interpreter's own start: nothing of nodeguard to test yet
             daemon.signal(signal.SIGHUP)
-            daemon.wait_for(functools.partial(logged, daemon, "tick"), 30 * SLOW, "a tick")
-            daemon.wait_for(functools.partial(logged, daemon, "reloading config"), 10 * SLOW, "the reload taken")
+            daemon.wait_for(functools.partial(daemon.logged, "tick"), 30 * SLOW, "a tick")
+            daemon.wait_for(functools.partial(daemon.logged, "reloading config"), 10 * SLOW, "the reload taken")
             daemon.signal(signal.SIGTERM)
             assert daemon.wait(timeout=30 * SLOW) == 0
             assert not node.changed() and not Ledger.load(str(ledger))
         finally:
             daemon.kill()
-
-
-def logged(daemon: DaemonProcess, event: str) -> bool:
-    return any(e.get("event") == event for e in daemon.events())
 
 
 def bare_interpreter_seconds() -> float:
@@ -213,7 +208,6 @@ def test_a_stop_at_any_moment_honours_on_exit_keep(node: ShapedNode, tmp_path: P
     """With onExit: keep, a SIGTERM while starting keeps what the ledger holds (values and ledger as they were)
     and exits 0."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=False)
     node.stop_burners()
     before, changed = held(ledger), node.changed()

@@ -30,7 +30,7 @@ def settings_for(root: Path, version: str, pattern: str) -> Settings:
 
 def sense_over(sensor: Sensor, seconds: float) -> Snapshot:
     sensor.sense()
-    time.sleep(seconds)
+    time.sleep(seconds)  # the window the rates are read over
     return sensor.sense()
 
 
@@ -125,7 +125,7 @@ def test_a_memory_file_that_cannot_be_opened_reads_as_missing_for_that_workload_
                 sensor.follow_memory(True)
             monkeypatch.setattr(readers, "open_optional", real_open)
             first = sensor.sense().workloads
-            time.sleep(0.1)
+            time.sleep(0.1)  # the window the second reading's rates are over
             second = sensor.sense().workloads
         finally:
             sensor.close()

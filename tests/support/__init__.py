@@ -6,6 +6,7 @@
 - ``workloads``: duty-cycled burners and the latency probe.
 - ``node``: the e2e node shapes (kubelet-laid-out pods, a protected pod, a plain host's groups).
 - ``daemon``: ``nodeguard run`` as a child process with its JSON log.
+- ``processes``: whether a process is alive, as /proc shows it.
 - ``levers``: levers driven by hand, as an earlier daemon would have left them.
 - ``endpoints``: the daemon's HTTP endpoints as a test reads them.
 - ``gate``: the daemon with its gate, real clients, a socket client; ``slow_server.py`` and ``records``: a real

@@ -76,6 +76,15 @@ class DaemonProcess:
         """The process ran and is gone."""
         return self.proc is not None and self.proc.poll() is not None
 
+    def logged(self, event: str) -> bool:
+        """Whether the daemon has logged ``event`` yet."""
+        return any(e.get("event") == event for e in self.events())
+
+    def ticks_after(self, event: str) -> int:
+        """How many ticks the daemon logged after it first logged ``event``; 0 until it has."""
+        names = [e.get("event") for e in self.events()]
+        return names[names.index(event) :].count("tick") if event in names else 0
+
     def ticks(self) -> list[str]:
         """The daemon's view of each tick (debug log), for failure messages."""
         return [

@@ -195,6 +195,6 @@ def node_cores(seconds: float) -> float:
         return cpu.busy, cpu.total
 
     busy0, total0 = read()
-    time.sleep(seconds)
+    time.sleep(seconds)  # the measured window
     busy1, total1 = read()
     return (busy1 - busy0) / (total1 - total0) * count_cpus(Path("/proc/stat").read_text())

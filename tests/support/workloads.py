@@ -85,11 +85,13 @@ while True:
 
 
 def start_probe(out: Path, iterations: int, *groups: Path) -> subprocess.Popen[bytes]:
-    """The probe in the given groups (placed before it calibrates or works: it starts by sleeping)."""
+    """The probe in the given groups, placed before it calibrates or works: it waits for its stdin to close."""
     args = [str(out), str(iterations), str(PROBE_UNIT_S), str(PROBE_PERIOD_S)]
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)\n" + PROBE, *args])
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()\n" + PROBE, *args], stdin=subprocess.PIPE)
     for group in groups:
         (group / "cgroup.procs").write_text(str(proc.pid))
+    assert proc.stdin is not None
+    proc.stdin.close()  # placed: it may start
     return proc
 
 
