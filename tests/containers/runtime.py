@@ -169,6 +169,36 @@ def sweep(podman: Podman) -> list[str]:
     return orphans
 
 
+def mounts_inside(directory: Path) -> list[str]:
+    """What is mounted at or below ``directory`` (/proc/self/mountinfo), deepest first."""
+    found = set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])  # \040 is a space
+        if target == str(directory) or target.startswith(f"{directory}/"):
+            found.add(target)
+    return sorted(found, key=lambda target: (-target.count("/"), target))
+
+
+def release_storage(podman: Podman) -> list[str]:
+    """At the end of a session: remove its containers still there, then unmount what podman left mounted in this
+    checkout, so that the checkout can be deleted; returns what could not be unmounted.
+
+    A running container keeps its layer mounted and, while any layer is, podman keeps its overlay driver's home
+    (``.containers/storage/overlay``) bind-mounted after it exits. Nothing is unmounted while podman still lists
+    a container (another live session's, or a build's, which is said); the next podman command mounts what it
+    needs again.
+    """
+    ours = [name for name in podman("ps", "--all", "--format", "{{.Names}}").split()
+            if name.startswith(f"ngtest-{os.getpid()}-")]  # fmt: skip
+    podman.remove(*ours)
+    if others := podman("ps", "--all", "--external", "--format", "{{.Names}}").split():
+        print(f"\n{CACHE} stays mounted: podman still has containers {' '.join(others)}")
+        return []
+    for target in mounts_inside(CACHE):
+        subprocess.run(["umount", target], capture_output=True, check=False)
+    return mounts_inside(CACHE)
+
+
 def fresh_run_state() -> None:
     """A fresh storage must not meet the run state of an earlier one at the same path (a re-cloned repository)."""
     if (CACHE / "storage").exists() or not RUN_STATE.exists():
