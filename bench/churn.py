@@ -32,9 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.coordination.harness import coordination_config
-from tests.gate.helpers import Gate
-from tests.ports import free_port
+from bench.common import Broker, Gate, coordination_config, free_port
 
 LOAD = str(Path(__file__).resolve().parents[1] / "tests" / "coordination" / "notify_load.py")
 SEM = "prepare"
@@ -74,14 +72,13 @@ class Node:
 
 class Churn:
     def __init__(self, nodes: int, seconds: float, seed: int, cap: int) -> None:
-        from bench.cluster import start_mosquitto
-
         self.rng = random.Random(seed)
         self.seconds = seconds
         self.tmp = Path(
             tempfile.mkdtemp(prefix="nodeguard-churn-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
         )
-        self.mosquitto, self.port = start_mosquitto(self.tmp)
+        self.broker = Broker(self.tmp, sys_interval=1).start()
+        self.port = self.broker.port
         self.log = self.tmp / "loads.log"
         self.cap = cap
         self.caps: list[tuple[float, int]] = [(0.0, cap)]
@@ -320,8 +317,7 @@ class Churn:
                     os.killpg(proc.pid, signal.SIGKILL)
             for node in self.nodes.values():
                 node.gate.stop()
-            self.mosquitto.terminate()
-            self.mosquitto.wait(10)
+            self.broker.stop()
 
     def bound(self, at: float) -> int:
         caps = [cap for t, cap in self.caps if t <= at]

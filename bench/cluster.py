@@ -41,7 +41,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from bench.common import Broker, stop_cleanly_on_sigterm
 from nodeguard.coordination.mqtt_link import Incoming, MqttLink, WillSpec
 from nodeguard.coordination.service import CoordinationService
 from nodeguard.coordination.settings import BrokerSettings, CoordinationSettings
@@ -80,25 +80,6 @@ def workers_for(nodes: int) -> int:
 
 
 # --- the broker and the auditor ---------------------------------------------------------------
-
-
-def start_mosquitto(workdir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    config = workdir / "mosquitto.conf"
-    config.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_queued_messages 100000\n"
-        "set_tcp_nodelay true\nsys_interval 1\n"
-    )
-    mosquitto = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    proc = subprocess.Popen([mosquitto, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return proc, port
-        time.sleep(0.02)
-    raise SystemExit("mosquitto did not start")
 
 
 class Auditor:
@@ -568,7 +549,7 @@ def main() -> None:
     if not 2 <= args.nodes <= 1000:
         raise SystemExit("--nodes: between 2 and 1000")
     if args.churn:
-        from bench.churn import run_churn
+        from bench.churn import run_churn  # here: the workers this module starts by the hundred need none of it
 
         print(json.dumps(run_churn(args.nodes, args.seconds, args.seed, args.cap, args.per_node)))
         return
@@ -579,8 +560,9 @@ def main() -> None:
         if args.broker:
             port = int(args.broker.rsplit(":", 1)[-1])
         else:
-            broker, port = start_mosquitto(workdir)
-        pid = broker.pid if broker is not None else None
+            broker = Broker(workdir, sys_interval=1).start()  # $SYS counts what the broker sent, every second
+            port = broker.port
+        pid = broker.proc.pid if broker is not None and broker.proc is not None else None
         auditor = Auditor(port)
         admissions = nodes * REQUESTS * ROUNDS
         nodeguard = run_scheme("nodeguard", nodes, port, workdir, seed=args.seed, auditor=auditor, broker_pid=pid)
@@ -593,8 +575,7 @@ def main() -> None:
         auditor.close()
     finally:
         if broker is not None:
-            broker.terminate()
-            broker.wait(5)
+            broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     handoff = nodeguard["handoffs"]
     workers = workers_for(nodes)
@@ -631,7 +612,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
-
     stop_cleanly_on_sigterm()
     main()

@@ -48,6 +48,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import rc, run_in_vm, start_duty_cycle, stop_cleanly_on_sigterm, vm_available  # noqa: E402
 from nodeguard.actuators.cgroup_writer import CgroupWriter  # noqa: E402
 from nodeguard.actuators.levers.cpu_quota import QuotaLever  # noqa: E402
 from nodeguard.config import Settings  # noqa: E402
@@ -56,8 +57,6 @@ from nodeguard.model.samples import CpuMax  # noqa: E402
 from nodeguard.model.snapshot import Snapshot  # noqa: E402
 from nodeguard.policy.holds import HeldThrottle  # noqa: E402
 from nodeguard.sources.sensor import Sensor  # noqa: E402
-from tests import realcgroups as rc  # noqa: E402
-from tests.workloads import start_duty_cycle  # noqa: E402
 
 TICK = 0.5
 TICKS = 14
@@ -293,8 +292,6 @@ def main() -> int:
         result = in_vm(args.runs)
         Path(os.environ["NODEGUARD_VM_OUT"], "converge.json").write_text(json.dumps(result))
         return 0
-    from tests.kernel.vm import run_in_vm, vm_available
-
     reason = vm_available() or rc.why_no_v2()
     if reason:
         print(json.dumps({"error": reason}))
@@ -321,7 +318,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
-
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import rc, stop_cleanly_on_sigterm
 from nodeguard.sources.discovery import discover, find_kubepods
 from nodeguard.sources.paths import detect_layout
-from tests import realcgroups as rc
 
 PASSES = 20
 PODS = 500
@@ -119,7 +119,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
-
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -184,7 +184,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from bench.common import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     main()

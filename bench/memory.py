@@ -7,7 +7,7 @@ weighted as kubelet does under a unique parent (Guaranteed 500m, Burstable
 requesting 100m, BestEffort; cpu.weight converted from kubelet's cpu.shares),
 the memory controller enabled down to them.
 
-``growth``: a Guaranteed pod runs the latency probe of tests/workloads.py (a 4 ms
+``growth``: a Guaranteed pod runs the latency probe of tests/support/workloads.py (a 4 ms
 unit of CPU work every 10 ms; lateness per unit is its service level) beside a
 BestEffort and a Burstable pod whose anonymous memory grows steadily (8 MiB
 every 0.1 s each, touched) without end. The node's waterlines are set from
@@ -69,9 +69,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests import realcgroups as rc  # noqa: E402
-from tests.daemon_proc import DaemonProcess  # noqa: E402
-from tests.workloads import CPU_UNITS, p99, probe_lateness, start_probe  # noqa: E402
+from bench.common import (  # noqa: E402
+    CPU_UNITS,
+    DaemonProcess,
+    p99,
+    probe_lateness,
+    rc,
+    run_in_vm,
+    start_probe,
+    stop_cleanly_on_sigterm,
+    vm_available,
+)
 
 MiB = 1 << 20
 ROOT = rc.CGROUP_ROOT
@@ -420,8 +428,6 @@ def growth_all(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 def run_vm(args: argparse.Namespace) -> int:
     """This script with --in-vm in a fresh VM; its progress on the console, its result JSON as the last line."""
-    from tests.kernel.vm import run_in_vm, vm_available
-
     reason = vm_available()
     if reason:
         print(json.dumps({"error": reason}))
@@ -464,7 +470,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
-
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

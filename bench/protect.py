@@ -6,7 +6,7 @@ host's .venv, Python 15-25x slower under emulation; ``--seconds``, ``--warmup``,
 ``--scenario``, ``--strategy`` and ``--fixed-work`` pass through). Pods are laid
 out and weighted as kubelet does under a unique parent: one Guaranteed pod (limit
 0.5 core at the pod and its container, ``cpu.shares`` 512) runs the probe of
-tests/workloads.py (a 4 ms unit of work released every 10 ms; its lateness,
+tests/support/workloads.py (a 4 ms unit of work released every 10 ms; its lateness,
 finish - release, per unit is its service level) beside six burners that each
 want a whole core and have no CPU limit:
 
@@ -93,13 +93,23 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import (  # noqa: E402
+    CPU_UNITS,
+    IN_VM,
+    DaemonProcess,
+    free_port,
+    p99,
+    p99_windows,
+    probe_iterations,
+    probe_lateness,
+    rc,
+    run_in_vm,
+    start_probe,
+    stop_cleanly_on_sigterm,
+    vm_available,
+)
 from nodeguard.model.samples import CpuMax  # noqa: E402
 from nodeguard.sources.procfs import parse_proc_stat_cpu  # noqa: E402
-from tests import realcgroups as rc  # noqa: E402
-from tests.daemon_proc import DaemonProcess  # noqa: E402
-from tests.kernel.vm import IN_VM  # noqa: E402
-from tests.ports import free_port  # noqa: E402
-from tests.workloads import CPU_UNITS, p99, p99_windows, probe_iterations, probe_lateness, start_probe  # noqa: E402
 
 TICK = 0.5  # tier_suppress's loop (koordlet's suppression interval)
 DAEMON_TICK = 1.0  # the daemon's tickSeconds: its default (--tick)
@@ -737,8 +747,6 @@ def run(args: argparse.Namespace, hierarchy: rc.Hierarchy) -> dict[str, Any]:
 
 def run_vm(args: argparse.Namespace) -> int:
     """This script with --in-vm in a fresh VM; its progress on the console, its result JSON as the last line."""
-    from tests.kernel.vm import run_in_vm, vm_available
-
     reason = vm_available() or rc.why_no_v2()
     if reason:
         print(json.dumps({"error": reason}))
@@ -777,7 +785,5 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
-
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -27,10 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.common import rc, run_in_vm, stop_cleanly_on_sigterm, vm_available  # noqa: E402
 from nodeguard.model.samples import CpuMax  # noqa: E402
 from nodeguard.sources.procfs import parse_proc_stat_cpu  # noqa: E402
 from nodeguard.sources.readers import count_cpus  # noqa: E402
-from tests import realcgroups as rc  # noqa: E402
 
 SECONDS = 4.0
 THROTTLED = CpuMax(20000, 100000)
@@ -90,8 +90,6 @@ def main() -> int:
     if "--in-vm" in sys.argv:
         Path(os.environ["NODEGUARD_VM_OUT"], "selfpressure.json").write_text(json.dumps(in_vm()))
         return 0
-    from tests.kernel.vm import run_in_vm, vm_available
-
     if reason := vm_available():
         print(json.dumps({"error": reason}))
         return 1
@@ -110,7 +108,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
-
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

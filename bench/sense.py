@@ -34,10 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import rc, stop_cleanly_on_sigterm
 from nodeguard.config import Settings
 from nodeguard.sources.readers import V2Reader
 from nodeguard.sources.sensor import Sensor
-from tests import realcgroups as rc
 
 PER_TICK_FILES = ("cpu.stat", "cpu.max", "cpu.pressure", "memory.current")
 MEMORY_FILES = ("memory.high", "memory.pressure")  # read each tick only while memory is followed
@@ -186,7 +186,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
-
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

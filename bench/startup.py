@@ -22,7 +22,7 @@ children's working directory and first on their PYTHONPATH).
   packaging/examples/kubernetes.json (its cgroupRoot, socket, ledger and HTTP
   port pointed at this host and this run; gate and HTTP on as in the example;
   its Kubernetes integration off, as no API server runs here)
-  on a kubelet-shaped tree (tests/integration/harness.py: pods under
+  on a kubelet-shaped tree (tests/support/node.py: pods under
   ``<parent>/kubepods/burstable`` and a Guaranteed pod, limits at pod and
   container, in this host's v1 cpu hierarchy or the v2 mount), from exec to
   its READY=1 on $NOTIFY_SOCKET, which the daemon sends after its first good
@@ -385,9 +385,10 @@ def rss(run: Run, node: Any, ticks: int, tick: float, bare: dict[str, float]) ->
     with running(run, off, "rss-off") as daemon:
         daemon.wait_ticks(ticks)
         found["off"] = split_mb(daemon.proc.pid)
-    from bench.cluster import start_mosquitto
+    from bench.common import Broker
 
-    broker, port = start_mosquitto(run.work)
+    broker = Broker(run.work).start()
+    port = broker.port
     try:
         on["global"]["coordination"] = {
             "enabled": True, "cluster": "bench", "seeds": ["bench-node"], "semaphores": {"prepare": 8},
@@ -398,8 +399,7 @@ def rss(run: Run, node: Any, ticks: int, tick: float, bare: dict[str, float]) ->
             found["on"] = split_mb(daemon.proc.pid)
             coordinated = any(e.get("event") == "connected to the MQTT broker" for e in daemon.events())
     finally:
-        broker.terminate()
-        broker.wait(10)
+        broker.stop()
     return {
         "bare_rss_mb": round(bare["rss"], 1),
         "daemon_rss_mb": {k: round(v["rss"], 1) for k, v in found.items()},
@@ -553,9 +553,8 @@ def cpu_limited(run: Run, node: Any, cores: float, runs: int, burst: int) -> dic
 
 @contextlib.contextmanager
 def kubelet_tree(pods: int) -> Iterator[Any]:
-    """A kubelet-shaped tree in this host's cgroups (tests/integration/harness.py), or None (and why) without root."""
-    from tests import realcgroups as rc
-    from tests.integration.harness import kubelet_node
+    """A kubelet-shaped tree in this host's cgroups (tests/support/node.py), or None (and why) without root."""
+    from bench.common import kubelet_node, rc
 
     if rc.why_no_v1_cpu() is None:
         cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
@@ -615,7 +614,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from bench.common import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -36,8 +36,8 @@ ROUNDS = 200
 
 def pod_costs() -> dict[str, float]:
     """Per-tick cost of following one kubelet-shaped pod on v1; {} where this machine has no v1 cpu hierarchy."""
+    from bench.common import rc
     from nodeguard.sources.taskwait import TaskWait, subtree
-    from tests import realcgroups as rc
 
     if rc.why_no_v1_cpu():
         return {}
@@ -119,7 +119,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from tests.workloads import stop_cleanly_on_sigterm
+    from bench.common import stop_cleanly_on_sigterm
 
     stop_cleanly_on_sigterm()
     raise SystemExit(main())

@@ -54,7 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def hybrid_v2_mount() -> Path:
     """The cgroup2 mount of a hybrid host (v1 cpu beside it); skips elsewhere."""
-    from tests import realcgroups as rc
+    from tests.support import cgroups as rc
 
     reason = rc.why_no_v2_of("hybrid")
     if reason:

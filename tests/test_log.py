@@ -25,7 +25,7 @@ async def main():
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(log_loop_error)
     loop.call_soon(lambda: 1 / 0)  # an error inside a callback: asyncio reports it to the handler
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0)  # one turn of the loop: the callback runs
 asyncio.run(main())
 raise RuntimeError("uncaught at the end")
 """

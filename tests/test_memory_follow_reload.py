@@ -8,7 +8,7 @@ from typing import Any
 
 from nodeguard.config import load_document
 from nodeguard.daemon import Daemon
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 
 CPU = {"metric": "cpu_total_usage", "action": "throttle", "threshold": 64, "restoreBelow": 60}
 STALL = {"metric": "protected_memory_stall", "action": "throttle", "threshold": "5%", "restoreBelow": "1%"}

@@ -18,8 +18,7 @@ from nodeguard.policy.state import GuardState
 from nodeguard.policy.trace import plan_to_data
 from nodeguard.surfaces.metrics import Metrics
 from nodeguard.surfaces.render import render_plan
-from tests.policy.builders import GiB, snapshot
-from tests.policy.test_memory import at, mem, mem_throttle, settings
+from tests.policy.builders import GiB, at, mem, mem_throttle, settings, snapshot
 
 
 def test_plan_and_trace_show_the_memory_high_change() -> None:

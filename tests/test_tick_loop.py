@@ -9,7 +9,7 @@ from pathlib import Path
 from nodeguard.config import load_document
 from nodeguard.daemon import Daemon
 from nodeguard.policy.planner import Plan
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 
 TICK = 0.05  # far shorter than the test, so the loop's schedule and a stop during its wait are both seen
 

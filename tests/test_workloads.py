@@ -1,14 +1,14 @@
-"""The probe of tests/workloads.py, which e2e tests and bench/protect.py read a service level from."""
+"""The probe of tests/support/workloads.py, which e2e tests and bench/protect.py read a service level from."""
 
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.workloads import CPU_UNITS, probe_iterations, probe_lateness, start_probe
+from tests.support.poll import wait_until
+from tests.support.workloads import CPU_UNITS, probe_iterations, probe_lateness, start_probe
 
 
 @pytest.mark.parametrize("iterations", [0, CPU_UNITS], ids=["calibrated", "cpu_time"])
@@ -17,11 +17,9 @@ def test_probe_reports_one_lateness_per_released_unit(tmp_path: Path, iterations
     out = tmp_path / "probe.txt"
     probe = start_probe(out, iterations)
     try:
-        deadline = time.monotonic() + 20
-        while len(probe_lateness(out.read_text() if out.exists() else "")) < 20:
-            assert time.monotonic() < deadline, f"no 20 units in 20 s: {out.read_text()[:300] if out.exists() else ''}"
-            assert probe.poll() is None, "the probe exited"
-            time.sleep(0.1)
+        wait_until(lambda: len(probe_lateness(out.read_text() if out.exists() else "")) >= 20, 20, "20 units",
+                   interval=0.1, give_up=lambda: probe.poll() is not None,
+                   detail=lambda: out.read_text()[:300] if out.exists() else "")  # fmt: skip
     finally:
         probe.terminate()
         probe.wait(5)

@@ -10,8 +10,8 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.levers.cpu_weight import IDLE, WeightLever
 from nodeguard.actuators.restore import Outcome, restore_record
-from tests import realcgroups as rc
 from tests.actuators.records import weight_record
+from tests.support import cgroups as rc
 
 # A Burstable tier's weight as kubelet writes it: three pods requesting 0.1 core (cpu.shares 307, cpu.weight 12).
 ORIGINAL = {"v1": 307, "v2": 12}

@@ -14,7 +14,7 @@ import pytest
 
 from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.evictors import CgroupEvictor
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 
 # Each says "ready" once its SIGTERM handler is in place. The polite one exits
 # on SIGTERM after writing a mark; the stubborn one ignores SIGTERM.

@@ -9,15 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from nodeguard.actuators import levers
-from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.changes import recorded
-from nodeguard.actuators.evictors import Evictor
 from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.levers.base import Lever
 from nodeguard.guard_tick import settle
-from nodeguard.model.levers import CPU_QUOTA, CPU_WEIGHT, LeverChange
+from nodeguard.model.levers import CPU_QUOTA, CPU_WEIGHT
 from nodeguard.model.samples import CpuMax
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.holds import HeldThrottle, LoweredWeight
@@ -25,15 +21,11 @@ from nodeguard.policy.metrics import Metric
 from nodeguard.policy.outcome import fold, fold_moves
 from nodeguard.policy.planner import Plan, plan
 from nodeguard.policy.state import GuardState
-from tests import realcgroups as rc
 from tests.policy.builders import cpu_throttle, guard, snapshot, usage
+from tests.support import cgroups as rc
+from tests.support.levers import executor_for, throttle_by_hand
 
 POD_LIMIT = CpuMax(150000)
-
-
-class NoEvictions(Evictor):
-    async def evict(self, workload_id: str, **context: object) -> bool:
-        raise AssertionError("no eviction in these tests")
 
 
 @pytest.fixture
@@ -48,10 +40,6 @@ def full_ledger_dir(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
-def executor_for(root: str, version: str, ledger: Ledger) -> Executor:
-    return Executor(levers.build(CgroupWriter(root), version), NoEvictions(), ledger, lambda coro, name: None)
-
-
 def carried(executor: Executor, result: Plan, before: GuardState) -> tuple[GuardState, list[object]]:
     """One pass made (every lever's changes) and folded into the state, as a tick does; the changes made."""
     made = executor.apply(result.changes)
@@ -60,16 +48,6 @@ def carried(executor: Executor, result: Plan, before: GuardState) -> tuple[Guard
 
 def quota_lever(executor: Executor) -> Lever:
     return executor.levers[CPU_QUOTA.name]
-
-
-def throttle_by_hand(executor: Executor, ledger: Ledger, pod: str, original: CpuMax, to: CpuMax) -> None:
-    """Throttle a pod (and cap its children) as an earlier tick would have, its record in the ledger."""
-    quota = quota_lever(executor)
-    current, writes = quota.plan(pod, to.render_v2(), {})
-    quota.perform(writes)
-    change = LeverChange(CPU_QUOTA.name, pod, to.render_v2(), original.render_v2(), release=False, holds_back=True,
-                         kind="throttle", metric="cpu_total_usage", reason="by hand")  # fmt: skip
-    ledger.record(recorded(ledger, quota, change, current, writes, pending=False))
 
 
 def test_a_step_restore_on_a_full_disk_gives_the_original_back(full_ledger_dir: Path) -> None:

@@ -16,8 +16,8 @@ from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import V1Reader, V2Reader
-from tests import realcgroups as rc
 from tests.actuators.records import quota_record
+from tests.support import cgroups as rc
 
 
 @dataclass

@@ -20,8 +20,8 @@ from nodeguard.actuators.levers.cpu_quota import QuotaLever
 from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.cgroupfs import parse_cpu_max, parse_cpu_stat_v1
-from tests import realcgroups as rc
 from tests.actuators.records import quota_record
+from tests.support import cgroups as rc
 
 KUBELET_LIMIT = CpuMax(150000, 100000)  # 1.5 cores at the pod and the container
 THROTTLE = CpuMax(30000, 100000)

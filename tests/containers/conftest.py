@@ -31,6 +31,8 @@ def podman() -> Iterator[Podman]:
     if orphans := runtime.sweep(podman):
         print(f"\nremoved containers of test sessions that are gone: {' '.join(orphans)}")
     yield podman
+    left = runtime.release_storage(podman)
+    assert not left, f"still mounted in this checkout after the session, so it cannot be deleted: {left}"
 
 
 @pytest.fixture(scope="session")

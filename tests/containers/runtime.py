@@ -35,7 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
+from tests.support.poll import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".containers"
@@ -149,7 +150,7 @@ class Podman:
                 return
             if attempt < 2:
                 print(f"podman rm failed, trying again: {result.stderr.strip()}", file=sys.stderr)
-                time.sleep(1)
+                time.sleep(1)  # a pause between retries of a failed command, not a wait on state
         raise CommandFailed(self.command("rm", *names), result)
 
     def remove_pod(self, name: str) -> None:
@@ -160,7 +161,7 @@ class Podman:
 def sweep(podman: Podman) -> list[str]:
     """Remove containers and pods left by test sessions that are gone (killed mid-test, a burner may still burn).
 
-    Every test container and pod is named ``ngtest-<pid of its session>-...`` (tests/realcgroups.unique_name).
+    Every test container and pod is named ``ngtest-<pid of its session>-...`` (tests/support/cgroups.unique_name).
     """
     pods = _orphans(podman("pod", "ps", "--format", "{{.Name}}"))
     for pod in pods:
@@ -176,6 +177,36 @@ def _orphans(listed: str) -> list[str]:
         for name in listed.split()
         if (match := re.match(r"ngtest-(\d+)-", name)) and not Path(f"/proc/{match.group(1)}").exists()
     ]
+
+
+def mounts_inside(directory: Path) -> list[str]:
+    """What is mounted at or below ``directory`` (/proc/self/mountinfo), deepest first."""
+    found = set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        target = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])  # \040 is a space
+        if target == str(directory) or target.startswith(f"{directory}/"):
+            found.add(target)
+    return sorted(found, key=lambda target: (-target.count("/"), target))
+
+
+def release_storage(podman: Podman) -> list[str]:
+    """At the end of a session: remove its containers still there, then unmount what podman left mounted in this
+    checkout, so that the checkout can be deleted; returns what could not be unmounted.
+
+    A running container keeps its layer mounted and, while any layer is, podman keeps its overlay driver's home
+    (``.containers/storage/overlay``) bind-mounted after it exits. Nothing is unmounted while podman still lists
+    a container (another live session's, or a build's, which is said); the next podman command mounts what it
+    needs again.
+    """
+    ours = [name for name in podman("ps", "--all", "--format", "{{.Names}}").split()
+            if name.startswith(f"ngtest-{os.getpid()}-")]  # fmt: skip
+    podman.remove(*ours)
+    if others := podman("ps", "--all", "--external", "--format", "{{.Names}}").split():
+        print(f"\n{CACHE} stays mounted: podman still has containers {' '.join(others)}")
+        return []
+    for target in mounts_inside(CACHE):
+        subprocess.run(["umount", target], capture_output=True, check=False)
+    return mounts_inside(CACHE)
 
 
 def fresh_run_state() -> None:
@@ -439,12 +470,14 @@ def wait_for_the_node(root: Path, timeout: float = 180) -> None:
     """
     from nodeguard.actuators.node_lock import NodeBusy, hold_node
 
-    deadline = time.monotonic() + timeout
-    while True:
+    busy: list[NodeBusy] = []
+
+    def free() -> bool:
         try:
             with hold_node(str(root)):
-                return
+                return True
         except NodeBusy as exc:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the node stayed busy for {timeout:.0f} s: {exc}") from None
-            time.sleep(0.5)
+            busy[:] = [exc]
+            return False
+
+    wait_until(free, timeout, "no other nodeguard acting on the node", interval=0.5, detail=lambda: str(busy[-1]))

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import realcgroups as rc
 from tests.containers import runtime
-from tests.containers.test_discovery_podman import snapshot
-from tests.gate.helpers import wait_until
+from tests.containers.pods import snapshot
+from tests.support import cgroups as rc
+from tests.support.poll import wait_until
 
 NAMESPACE = "nodeguard-test"
 

@@ -11,83 +11,22 @@ podman refuses a slice under cgroupfs, which the first test shows.)
 
 from __future__ import annotations
 
-import contextlib
-import json
 import signal
-import subprocess
-import sys
-import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
-from tests import realcgroups as rc
 from tests.containers import runtime
+from tests.containers.pods import BURN, cores_used, host_hierarchy, kubepods_parent, pod_run, snapshot
 from tests.containers.runtime import Podman
-from tests.daemon_proc import DaemonProcess
-from tests.ports import free_port
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.ports import free_port
 
-BURN = ["sh", "-c", "while :; do :; done"]
 SLEEP = ["sleep", "3600"]
 POD_LIMIT = CpuMax(150000)  # 1.5 cores, written on the pod as kubelet would, and by podman --cpus on the container
-
-
-def host_hierarchy() -> rc.Hierarchy:
-    """Where this host's CPU limits live: the v1 cpu hierarchy (hybrid hosts), else the cgroup2 mount."""
-    if rc.why_no_v1_cpu() is None:
-        return rc.v1_cpu_hierarchy()
-    return rc.v2_cpu_hierarchy()
-
-
-def usage_seconds(hierarchy: rc.Hierarchy, rel: str) -> float:
-    """CPU time a cgroup has used: v1 cpuacct.usage, v2 cpu.stat usage_usec."""
-    if hierarchy.version == "v1":
-        return int((hierarchy.roots[-1] / rel / "cpuacct.usage").read_text()) / 1e9
-    for line in (hierarchy.writable / rel / "cpu.stat").read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if key == "usage_usec":
-            return int(value) / 1e6
-    raise AssertionError(f"no usage_usec in {rel}/cpu.stat")
-
-
-def cores_used(hierarchy: rc.Hierarchy, rel: str, seconds: float) -> float:
-    before, start = usage_seconds(hierarchy, rel), time.monotonic()
-    time.sleep(seconds)  # a measurement window, not a synchronisation
-    return (usage_seconds(hierarchy, rel) - before) / (time.monotonic() - start)
-
-
-@contextlib.contextmanager
-def kubepods_parent(podman: Podman) -> Iterator[tuple[str, list[str]]]:
-    """A fresh top-level cgroup name for this test's kubepods, and the containers started in it; all removed after."""
-    parent = rc.unique_name()
-    with runtime.containers(podman) as names:
-        try:
-            yield parent, names
-        finally:
-            podman.remove(*names)
-            names.clear()
-            runtime.remove_everywhere(parent)
-
-
-def pod_run(podman: Podman, names: list[str], image: str, pod: str, command: list[str], *options: str) -> str:
-    name = f"{rc.unique_name()}-{Path(pod).name[:12]}"
-    names.append(name)
-    return podman.run(name, image, command, ["--cgroup-parent", f"/{pod}", *options])
-
-
-def snapshot(config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
-    """``nodeguard snapshot --json`` with this config: what the daemon's sensor discovers."""
-    path = tmp_path / "snapshot.json"
-    path.write_text(json.dumps(config))
-    out = subprocess.run(
-        [sys.executable, "-m", "nodeguard", "snapshot", "--json", "--config", str(path)],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
-    return dict(json.loads(out.splitlines()[-1]))
 
 
 def test_pods_and_their_podman_containers_are_found(tmp_path: Path, podman: Podman, busybox_image: str) -> None:

@@ -31,11 +31,11 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import yaml
 
+from tests.containers.pods import GATED, read_records
 from tests.containers.runtime import REPO, Podman, ulimit_args
-from tests.containers.test_gate_podman import GATED, read_records
-from tests.gate.helpers import Gate, wait_until
-from tests.packaging.test_broker import ShippedBroker, coordination_section, started_broker
-from tests.ports import free_port
+from tests.packaging.shipped_broker import ShippedBroker, coordination_section, started_broker
+from tests.support.gate import Gate, wait_until
+from tests.support.ports import free_port
 
 SNIPPET = REPO / "packaging" / "kubernetes" / "gate-pod-snippet.yaml"
 CONFIGMAP = REPO / "packaging" / "kubernetes" / "configmap.yaml"

@@ -26,22 +26,12 @@ from typing import Any
 import pytest
 
 from tests.containers import runtime
+from tests.containers.pods import GATED, read_records
 from tests.containers.runtime import Podman
-from tests.gate.helpers import Gate, running, wait_until
-from tests.gate.test_gate_e2e import max_overlap
-from tests.ports import free_port
-
-GATED = Path(__file__).with_name("gated")
-
-
-def read_records(records: Path) -> dict[str, dict[str, float]]:
-    """name -> {"start": t, "ready": t}: each container's own first record of each event."""
-    found: dict[str, dict[str, float]] = {}
-    for path in records.iterdir():
-        for line in path.read_text().splitlines():
-            event, at = line.split()
-            found.setdefault(path.name, {}).setdefault(event, float(at))
-    return found
+from tests.support.gate import Gate, running
+from tests.support.poll import wait_until
+from tests.support.ports import free_port
+from tests.support.records import max_overlap
 
 
 @dataclass
@@ -73,7 +63,9 @@ class GatedRuntime:
         options += ["--volume", f"{self.records}:/records", "--volume", f"{GATED}:/gate:ro"]
         container = self.container(name)
         self.names.append(container)
-        args = self.podman.run_args(container, self.image, ["sh", "/gate/server.sh", name, str(port), str(delay)], options)
+        args = self.podman.run_args(
+            container, self.image, ["sh", "/gate/server.sh", name, str(port), str(delay)], options
+        )
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.launches.append(proc)
         return proc
@@ -129,7 +121,10 @@ def gate_config(**limits: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def gate_and_podman(tmp_path: Path, podman: Podman, image: str, **limits: Any) -> Iterator[tuple[Gate, GatedRuntime]]:
     """A test daemon's gate with these limits, and podman gated by it."""
-    with running(tmp_path, gate_config(**limits)) as gate, gated_runtime(tmp_path, podman, image, Path(gate.socket)) as gated:
+    with (
+        running(tmp_path, gate_config(**limits)) as gate,
+        gated_runtime(tmp_path, podman, image, Path(gate.socket)) as gated,
+    ):
         yield gate, gated
 
 
@@ -146,6 +141,7 @@ def test_twelve_containers_started_at_once_never_more_than_two_starting(
             launched(proc)
         for i in range(CONTAINERS):
             gate.wait_state(f"web{i}", "ready", timeout=60)
+
         def all_ready() -> dict[str, dict[str, float]] | None:
             found = read_records(gated.records)
             return found if sum("ready" in r for r in found.values()) == CONTAINERS else None

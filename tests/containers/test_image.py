@@ -24,12 +24,12 @@ import yaml
 
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
-from tests import realcgroups as rc
 from tests.containers import runtime
+from tests.containers.pods import BURN, cores_used, host_hierarchy, kubepods_parent, pod_run
 from tests.containers.runtime import Podman
-from tests.containers.test_discovery_podman import BURN, cores_used, host_hierarchy, kubepods_parent, pod_run
-from tests.gate.helpers import wait_until
-from tests.ports import free_port
+from tests.support import cgroups as rc
+from tests.support.poll import wait_until
+from tests.support.ports import free_port
 
 KUBERNETES = runtime.REPO / "packaging" / "kubernetes"
 UNLIMITED = CpuMax(None)

@@ -30,7 +30,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stopped)
     record(log, "start", name)
-    time.sleep(seconds)
+    time.sleep(seconds)  # "starting": the scenario this load plays
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     record(log, "ready", name)  # before READY=1: the slot is still held when the record is written
     address = os.environ["NOTIFY_SOCKET"]

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.coordination.conftest import Broker
-from tests.coordination.harness import TIMINGS, LoadAuditor, WireAuditor, start_nodes, stop_nodes, wait_until
+from tests.coordination.harness import LoadAuditor, start_nodes
+from tests.support.broker import Broker
+from tests.support.cluster import TIMINGS, WireAuditor, stop_together
+from tests.support.poll import wait_until
 
 CAP = 3
 SEM = "prepare"
@@ -82,5 +84,5 @@ def test_the_next_in_the_banks_succession_takes_over_when_bank_and_heir_are_down
         assert not wire.violations and not wire.malformed, (wire.violations[:1], wire.malformed[:1])
         assert wire.max_total[SEM] == CAP
     finally:
-        stop_nodes(nodes.values())
+        stop_together(nodes.values())
         wire.close()

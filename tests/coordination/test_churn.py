@@ -6,15 +6,10 @@ import threading
 import time
 from pathlib import Path
 
-from tests.coordination.conftest import Broker
-from tests.coordination.harness import (
-    LoadAuditor,
-    NodeProcess,
-    WireAuditor,
-    coordination_config,
-    stop_nodes,
-    wait_until,
-)
+from tests.coordination.harness import LoadAuditor, NodeProcess
+from tests.support.broker import Broker
+from tests.support.cluster import WireAuditor, coordination_config, stop_together
+from tests.support.poll import wait_until
 
 CAP = 4
 SEM = "prepare"
@@ -140,5 +135,5 @@ def test_nodes_join_and_drain_under_load_and_the_cap_holds(broker: Broker, tmp_p
         assert churn_seconds < 45
     finally:
         flow.stopped.set()
-        stop_nodes(nodes.values())
+        stop_together(nodes.values())
         wire.close()

@@ -6,102 +6,79 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import paho.mqtt.client as paho
-import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from tests.coordination.conftest import Broker
-from tests.coordination.harness import (
-    TIMINGS,
-    CuttableProxy,
-    LoadAuditor,
-    NodeProcess,
-    WireAuditor,
-    coordination_config,
-    start_nodes,
-    stop_nodes,
-    wait_until,
-)
+from tests.coordination.harness import LoadAuditor, NodeProcess, start_nodes
+from tests.support.broker import Broker
+from tests.support.cluster import TIMINGS, Cluster, ClusterSpec, WireAuditor, coordination_config, stop_together
+from tests.support.poll import wait_until
 
 CAP = 4
 SEM = "prepare"
-NODES = [f"n{i}" for i in range(10)]
-SEEDS = NODES[:3]
+NODES = tuple(f"n{i}" for i in range(10))
+CLUSTER = ClusterSpec(NODES, seeds=NODES[:3], caps={SEM: CAP}, cut="n5")
 WILL = float(TIMINGS["willDelaySeconds"])
 
 
-class Cluster:
-    def __init__(self, broker: Broker, workdir: Path, *, proxied: str | None = None) -> None:
-        self.broker = broker
-        self.proxy = CuttableProxy(broker.port) if proxied else None
-        self.wire = WireAuditor(broker.port, {SEM: CAP})
-        self.nodes: dict[str, NodeProcess] = {}
-        for name in NODES:
-            port = self.proxy.port if self.proxy is not None and name == proxied else broker.port
-            config = coordination_config(port, SEEDS, {SEM: CAP}, workdir / "state" / name)
-            self.nodes[name] = NodeProcess(name, config, workdir).start()
-        self.loads = LoadAuditor(list(self.nodes.values()))
-
-    def logs(self) -> str:
-        return "\n".join(n.log_tail() for n in self.nodes.values())
-
-    def wait_admitting(self, names: list[str] | None = None, timeout: float = 20.0) -> None:
-        for name in names or NODES:
-            self.nodes[name].wait_admitting(timeout, detail=self.logs)
-
-    def wait_done(self, loads: int, timeout: float = 30.0) -> None:
-        wait_until(
-            lambda: len(self.loads.done(SEM)) >= loads,
-            timeout,
-            f"{loads} loads done",
-            detail=lambda: f"done {len(self.loads.done(SEM))}\n{self.logs()}",
-        )
-
-    def check_cap(self) -> None:
-        assert self.loads.max_held(SEM) <= CAP, self.logs()
-        assert not self.wire.violations, self.wire.violations[0]
-        assert not self.wire.malformed, self.wire.malformed[:3]
-
-    def close(self) -> None:
-        stop_nodes(self.nodes.values())
-        self.wire.close()
-        if self.proxy is not None:
-            self.proxy.close()
+def loads(cluster: Cluster[NodeProcess]) -> LoadAuditor:
+    """What every node's loads reported holding and freeing."""
+    return LoadAuditor(list(cluster.nodes.values()))
 
 
-@pytest.fixture
-def cluster(broker: Broker, tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(broker, tmp_path, proxied="n5")
-    try:
-        c.wait_admitting()
-        yield c
-    finally:
-        c.close()
+def wait_done(cluster: Cluster[NodeProcess], count: int, timeout: float = 30.0) -> None:
+    """Until ``count`` loads in the cluster are done."""
+    wait_until(lambda: len(loads(cluster).done(SEM)) >= count, timeout, f"{count} loads done",
+               detail=lambda: f"done {len(loads(cluster).done(SEM))}\n{cluster.logs()}")  # fmt: skip
 
 
-def test_bursts_never_exceed_the_cap_and_every_load_runs(cluster: Cluster) -> None:
+def check_cap(cluster: Cluster[NodeProcess]) -> None:
+    """The loads never held more than the cap together, and every message on the wire parsed and kept to it."""
+    assert loads(cluster).max_held(SEM) <= CAP, cluster.logs()
+    assert not cluster.wire.violations, cluster.wire.violations[0]
+    assert not cluster.wire.malformed, cluster.wire.malformed[:3]
+
+
+def settled(cluster: Cluster[NodeProcess]) -> bool:
+    """Every slot is in some node's allotment and no grant is in flight (one in flight would wait for the broker)."""
+    sems = [n.status()["semaphores"][SEM] for n in cluster.nodes.values()]
+    return sum(s["allotment"] for s in sems) == CAP and not any(s["grantsOut"] for s in sems)
+
+
+def wait_settled(cluster: Cluster[NodeProcess], timeout: float = 10.0) -> None:
+    wait_until(lambda: settled(cluster), timeout, "every slot in an allotment, none in flight", detail=cluster.logs)
+
+
+def wait_published(cluster: Cluster[NodeProcess], name: str) -> None:
+    """Until the allotment the node works with is the one its latest ledger on the broker shows (what an heir
+    adopts)."""
+    node = cluster.nodes[name]
+    wait_until(lambda: cluster.wire.allotments(SEM).get(name) == node.status()["semaphores"][SEM]["allotment"], 10,
+               f"{name}'s allotment on the broker", detail=cluster.logs)  # fmt: skip
+
+
+def test_bursts_never_exceed_the_cap_and_every_load_runs(cluster: Cluster[NodeProcess]) -> None:
     """Ten nodes each asking for three slots at once, twice, never hold more than the cap together and all run."""
     for node in cluster.nodes.values():
         node.burst(3, 0.15, SEM)
-    time.sleep(0.4)
+    wait_until(lambda: len(loads(cluster).requested(SEM)) == 30, 10, "the first burst asked for", detail=cluster.logs)
     for node in cluster.nodes.values():
         node.burst(3, 0.1, SEM)
-    cluster.wait_done(60)
-    cluster.check_cap()
-    assert cluster.loads.max_held(SEM) == CAP  # the cap was reached: slots moved to where loads waited
-    assert cluster.loads.requested(SEM) == cluster.loads.done(SEM)
+    wait_done(cluster, 60)
+    check_cap(cluster)
+    assert loads(cluster).max_held(SEM) == CAP  # the cap was reached: slots moved to where loads waited
+    assert loads(cluster).requested(SEM) == loads(cluster).done(SEM)
     assert cluster.wire.max_total[SEM] == CAP  # checked on complete views: every slot accounted for
 
 
-def test_killed_node_slots_come_back_after_its_will_and_it_rejoins_without_them(cluster: Cluster) -> None:
+def test_killed_node_slots_come_back_after_its_will_and_it_rejoins_without_them(cluster: Cluster[NodeProcess]) -> None:
     """SIGKILL a node holding slots: after its will its heir adopts them; restarted, it reads that before admitting."""
     victim = cluster.nodes["n3"]
     victim.burst(CAP, 30.0, SEM)  # holds whatever it can get, for long
     wait_until(lambda: victim.count("hold") >= 1, 10, "the victim holds a slot", detail=cluster.logs)
-    time.sleep(0.3)
+    wait_published(cluster, "n3")
     status = victim.status()
     held_by_victim, heir = status["semaphores"][SEM]["held"], cluster.nodes[status["heir"]]
     victim.kill()
@@ -110,10 +87,10 @@ def test_killed_node_slots_come_back_after_its_will_and_it_rejoins_without_them(
     after_will = time.monotonic()
     for name in ("n0", "n1", "n7", "n8"):
         cluster.nodes[name].burst(2, 0.8, SEM)
-    cluster.wait_done(8)
-    cluster.check_cap()
+    wait_done(cluster, 8)
+    check_cap(cluster)
     assert held_by_victim >= 1
-    assert cluster.loads.max_held(SEM, since=after_will) == CAP  # its slots are in use again
+    assert loads(cluster).max_held(SEM, since=after_will) == CAP  # its slots are in use again
 
     victim.start()
     wait_until(lambda: victim.count("started") >= 2, 10, "the victim restarting")
@@ -122,16 +99,16 @@ def test_killed_node_slots_come_back_after_its_will_and_it_rejoins_without_them(
     assert status["counters"].get("rollbacks", 0) == 1
     for node in cluster.nodes.values():
         node.burst(1, 0.1, SEM)
-    cluster.wait_done(8 + 10)
-    cluster.check_cap()
+    wait_done(cluster, 8 + 10)
+    check_cap(cluster)
 
 
-def test_broker_crash_keeps_local_admission_and_everything_recovers(cluster: Cluster) -> None:
+def test_broker_crash_keeps_local_admission_and_everything_recovers(cluster: Cluster[NodeProcess]) -> None:
     """With the broker crashed, nodes keep admitting within their allotments; after it restarts all loads run."""
     for node in cluster.nodes.values():
         node.burst(1, 0.1, SEM)
-    cluster.wait_done(10)
-    time.sleep(0.3)  # no grant in flight: every slot is some node's (one in flight would wait for the broker)
+    wait_done(cluster, 10)
+    wait_settled(cluster)
     cluster.broker.stop(crash=True)
     stopped = time.monotonic()
     for node in cluster.nodes.values():
@@ -149,8 +126,8 @@ def test_broker_crash_keeps_local_admission_and_everything_recovers(cluster: Clu
     outage = cluster.nodes["n0"].status()
     assert not outage["connected"] and outage["outageSeconds"] > 0
     cluster.broker.start()
-    cluster.wait_done(30, timeout=40)
-    cluster.check_cap()
+    wait_done(cluster, 30, timeout=40)
+    check_cap(cluster)
     wait_until(
         lambda: all(n.status()["connected"] for n in cluster.nodes.values()), 20, "all reconnected", detail=cluster.logs
     )
@@ -159,51 +136,48 @@ def test_broker_crash_keeps_local_admission_and_everything_recovers(cluster: Clu
     assert all(count >= 2 for count in connects.values()), (connects, cluster.logs())
 
 
-def test_wills_fired_by_a_broker_shutdown_are_not_acted_on(cluster: Cluster) -> None:
+def test_wills_fired_by_a_broker_shutdown_are_not_acted_on(cluster: Cluster[NodeProcess]) -> None:
     """A broker stopped gracefully publishes the will of every live node: nodes that see their own stop admitting and
     rejoin on a new connection, no heir adopts anything, and after the restart every load runs within the cap."""
     for node in cluster.nodes.values():
         node.burst(1, 0.1, SEM)
-    cluster.wait_done(10)
-    time.sleep(0.3)
+    wait_done(cluster, 10)
+    wait_settled(cluster)
     cluster.broker.stop()
     for node in cluster.nodes.values():
         node.burst(2, 0.2, SEM)
-    time.sleep(0.5)
+    wait_until(lambda: not any(n.status()["connected"] for n in cluster.nodes.values()), 10,
+               "every node seeing the broker gone", detail=cluster.logs)  # fmt: skip
     cluster.broker.start()
-    cluster.wait_done(30, timeout=40)
-    cluster.check_cap()
+    wait_done(cluster, 30, timeout=40)
+    check_cap(cluster)
     counters = {name: n.status()["counters"] for name, n in cluster.nodes.items()}
     assert any(c.get("own_will_on_this_connection") for c in counters.values()), "no node saw its will at shutdown"
     assert not any(c.get("adoptions") or c.get("rollbacks") for c in counters.values()), counters
 
-    def settled() -> bool:  # every slot back in some node's allotment: none lost
-        sems = [n.status()["semaphores"][SEM] for n in cluster.nodes.values()]
-        return sum(s["allotment"] for s in sems) == CAP and not any(s["grantsOut"] for s in sems)
-
-    wait_until(settled, 10, "all slots in allotments", detail=cluster.logs)
+    wait_settled(cluster)  # every slot back in some node's allotment: none lost
 
 
-def test_cut_off_node_fences_and_the_cap_holds(cluster: Cluster) -> None:
+def test_cut_off_node_fences_and_the_cap_holds(cluster: Cluster[NodeProcess]) -> None:
     """A node cut off from the broker revokes its slots before its heir adopts them, and rejoins after."""
     assert cluster.proxy is not None
     cut = cluster.nodes["n5"]
     cut.burst(CAP, 4.0, SEM)  # still holding when its lease runs out
     wait_until(lambda: cut.count("hold") >= 1, 10, "the cut node holding", detail=cluster.logs)
-    time.sleep(0.3)
+    wait_published(cluster, "n5")
     heir = cluster.nodes[cut.status()["heir"]]
     cluster.proxy.cut()
     wait_until(lambda: cut.count("revoked") >= 1, TIMINGS["leaseSeconds"] + 3, "revocation", detail=cluster.logs)
     wait_until(lambda: heir.status()["counters"].get("adoptions", 0) >= 1, WILL + 5, "adoption", detail=cluster.logs)
     for name in ("n0", "n2", "n7", "n9"):
         cluster.nodes[name].burst(2, 0.4, SEM)
-    cluster.wait_done(8)
-    cluster.check_cap()
+    wait_done(cluster, 8)
+    check_cap(cluster)
     cluster.proxy.heal()
     cluster.wait_admitting(["n5"])
     assert cut.status()["counters"].get("rollbacks", 0) == 1
-    cluster.wait_done(8 + CAP, timeout=30)  # its own loads are admitted again, within the cap
-    cluster.check_cap()
+    wait_done(cluster, 8 + CAP, timeout=30)  # its own loads are admitted again, within the cap
+    check_cap(cluster)
 
 
 def test_malformed_foreign_and_duplicated_messages_are_ignored_and_counted(broker: Broker, tmp_path: Path) -> None:
@@ -233,20 +207,24 @@ def test_malformed_foreign_and_duplicated_messages_are_ignored_and_counted(broke
         ]
         grant = {"id": 2, "sem": SEM, "to": "a", "epoch": epoch, "n": 1, "seq": 6}
         publish += [(inbox, copy(6 + i, [grant])) for i in range(10)]
+        # Last, a copy of the node's own ledger, which it ignores and counts: once counted, all before it were read.
+        own = {"v": 2, "kind": "ledger", "node": "a", "seq": 1, "epoch": 1, "heir": "a", "allot": {SEM: 0},
+               "grants": [], "applied": {}, "adopted": {}, "lost": []}  # fmt: skip
+        publish.append((inbox, json.dumps({"v": 2, "kind": "copy", "node": "a", "ask": False, "queue": {},
+                                           "ledger": own}).encode()))  # fmt: skip
         for topic, payload in publish:
             client.publish(topic, payload, qos=1).wait_for_publish(5)
         client.loop_stop()
         client.disconnect()
-        wait_until(
-            lambda: node.status()["counters"].get("grants.applied", 0) >= 1, 5, "the grant", detail=node.log_tail
-        )
-        time.sleep(0.3)
+        wait_until(lambda: node.status()["counters"].get("ignored.bad_copy", 0) >= 1, 5, "every message read",
+                   detail=node.log_tail)  # fmt: skip
         status = node.status()
         counters = status["counters"]
         assert counters.get("ignored.malformed") == 1
         assert counters.get("ignored.unknown_version") == 1
         assert counters.get("ignored.bad_grant") == 1
         assert counters.get("grants.applied") == 1
+        assert counters.get("ignored.bad_copy") == 1
         assert status["semaphores"][SEM]["allotment"] == before + 1
         node.burst(3, 0.05, SEM)
         wait_until(lambda: node.count("done") == 3, 10, "loads", detail=node.log_tail)
@@ -303,6 +281,6 @@ def test_a_persistent_broker_restart_keeps_retained_state_and_wills(tmp_path: Pa
         assert loads.max_held(SEM) <= 2 and loads.max_held(SEM, since=after) == 2
         assert not wire.violations and not wire.malformed, (wire.violations[:1], wire.malformed[:1])
     finally:
-        stop_nodes(nodes.values())
+        stop_together(nodes.values())
         wire.close()
         broker.stop()

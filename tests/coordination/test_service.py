@@ -16,8 +16,10 @@ from structlog.testing import capture_logs
 
 from nodeguard.coordination.service import CoordinationService
 from nodeguard.coordination.settings import CoordinationError, CoordinationSettings
-from tests.coordination.conftest import Broker
-from tests.coordination.harness import REPO, coordination_config
+from tests.coordination.harness import REPO
+from tests.support.broker import Broker
+from tests.support.cluster import coordination_config
+from tests.support.poll import wait_until_async
 
 SEM = "prepare"
 
@@ -29,14 +31,16 @@ def settings(port: int, tmp_path: Path, **broker: Any) -> CoordinationSettings:
     return CoordinationSettings.model_validate(config)
 
 
+def waiters(service: CoordinationService) -> int:
+    """How many acquires wait on the semaphore now."""
+    return int(service.status()["semaphores"][SEM]["waiting"])
+
+
 @contextlib.asynccontextmanager
 async def running(service: CoordinationService) -> AsyncIterator[CoordinationService]:
     task = asyncio.create_task(service.run())
     try:
-        for _ in range(200):
-            if service.status()["admitting"]:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until_async(lambda: service.status()["admitting"], 10, "the service admitting")
         yield service
     finally:
         task.cancel()
@@ -49,12 +53,12 @@ async def test_cancelled_waiter_never_keeps_a_slot(broker: Broker, tmp_path: Pat
     async with running(CoordinationService(settings(broker.port, tmp_path), "solo")) as service:
         await asyncio.wait_for(service.acquire(SEM, "first"), 5)
         waiting = asyncio.create_task(service.acquire(SEM, "cancelled-waiting"))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: waiters(service) == 1, 5, "the waiter queued")
         waiting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await waiting
         admitted = asyncio.create_task(service.acquire(SEM, "cancelled-admitted"))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: waiters(service) == 1, 5, "the second waiter queued")
         service.release(SEM, "first")  # admits the waiter ...
         admitted.cancel()  # ... which is cancelled before it runs again
         with contextlib.suppress(asyncio.CancelledError):
@@ -83,10 +87,7 @@ async def test_refused_credentials_are_logged_naming_the_settings(tmp_path: Path
         )
         with capture_logs() as logs:
             task = asyncio.create_task(service.run())
-            for _ in range(100):
-                await asyncio.sleep(0.05)
-                if service.status()["broker"]["refused"]:
-                    break
+            await wait_until_async(lambda: service.status()["broker"]["refused"], 5, "the login refused")
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -157,7 +158,7 @@ async def test_caps_change_live_on_reload(broker: Broker, tmp_path: Path) -> Non
         service.reconfigure(raised.model_copy(update={"semaphores": {SEM: 1}}))
         assert service.status()["semaphores"][SEM]["held"] == 3  # nothing revoked
         waiting = asyncio.create_task(service.acquire(SEM, "fourth"))
-        await asyncio.sleep(0)  # it asks
+        await wait_until_async(lambda: waiters(service) == 1, 5, "the fourth waiting")
         service.release(SEM, "first")
         service.release(SEM, "second")  # releases settle at once (this node is the bank)
         status = service.status()["semaphores"][SEM]

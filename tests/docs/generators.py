@@ -18,3 +18,11 @@ def load(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # as an import would: dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+CONFIG_REFERENCE = REPO / "docs" / "reference" / "configuration.md"
+
+
+def config_generator() -> ModuleType:
+    """scripts/config_reference.py, loaded afresh."""
+    return load("config_reference")

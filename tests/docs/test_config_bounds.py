@@ -10,7 +10,8 @@ import pytest
 
 from nodeguard.config import json_schema, parse_document
 from nodeguard.errors import ConfigError
-from tests.docs.test_config_reference import REFERENCE, generator
+from tests.docs.generators import CONFIG_REFERENCE as REFERENCE
+from tests.docs.generators import config_generator as generator
 
 MODULE = generator()
 REF = MODULE.Reference()

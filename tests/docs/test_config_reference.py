@@ -13,14 +13,14 @@ from pydantic import BaseModel
 from nodeguard.config import json_schema
 from nodeguard.config_base import declared_rules, rules_of
 from nodeguard.policy.metrics import CAPABILITIES
-from tests.docs.generators import load
+from tests.docs.generators import CONFIG_REFERENCE, config_generator
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO / "docs" / "reference" / "configuration.md"
+REFERENCE = CONFIG_REFERENCE
 
 
 def generator() -> ModuleType:
-    return load("config_reference")
+    return config_generator()
 
 
 def test_the_committed_reference_is_what_the_generator_prints() -> None:

@@ -117,7 +117,9 @@ def test_a_broken_link_fails_the_strict_build(tmp_path: Path) -> None:
     shutil.copytree(REPO / "docs", docs)
     shutil.copy(REPO / "mkdocs.yml", tmp_path / "mkdocs.yml")
     start = docs / "index.md"
-    start.write_text(start.read_text() + "\n[gone](no-such-page.md) and [nowhere](reference/configuration.md#no-such-key)\n")
+    start.write_text(
+        start.read_text() + "\n[gone](no-such-page.md) and [nowhere](reference/configuration.md#no-such-key)\n"
+    )
     built = build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert built.returncode != 0
     assert "no-such-page.md" in built.stderr and "no-such-key" in built.stderr, built.stderr

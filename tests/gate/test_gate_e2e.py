@@ -13,30 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.gate.helpers import SLOW_SERVER, Gate, Session, output, running, wait_until
-from tests.ports import free_port
+from tests.support.gate import SLOW_SERVER, Gate, Session, output, running
+from tests.support.poll import wait_until
+from tests.support.ports import free_port
+from tests.support.processes import alive
+from tests.support.records import max_overlap, read_records
 
 SERVERS = 20
 # index -> the indices it depends on
 DEPENDS = {4: [0, 1], 9: [4], 13: [9, 2], 17: [13], 18: [17, 5]}
-
-
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
-    # At equal times an end sorts before a start (-1 < 1): touching intervals do not overlap.
-    current = peak = 0
-    for _, delta in events:
-        current += delta
-        peak = max(peak, current)
-    return peak
-
-
-def read_records(log: Path) -> dict[str, dict[str, float]]:
-    records: dict[str, dict[str, float]] = {}
-    for line in log.read_text().splitlines():
-        event, name, at = line.split()
-        records.setdefault(name, {})[event] = float(at)
-    return records
 
 
 def test_twenty_servers_two_starting_at_most_in_dependency_order(tmp_path: Path) -> None:
@@ -308,20 +293,11 @@ def test_a_failed_start_stops_the_command_and_everything_it_started(tmp_path: Pa
         started = [int(line) for line in pids.read_text().split()]
         assert len(started) == 2
         for pid in started:
-            wait_until(lambda pid=pid: not _alive(pid), 10, f"pid {pid} stopped")
+            wait_until(lambda pid=pid: not alive(pid), 10, f"pid {pid} stopped")
         kept = gate.client("gate", "--name", "kept", "--ready-tcp", f"127.0.0.1:{closed}", "--start-timeout", "1.5",
                            "--keep-on-failure", "--", "sh", "-c", "sleep 3; echo still-here")  # fmt: skip
         code, out = output(kept)
         assert code == 0 and "still-here" in out, out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] if Path(f"/proc/{pid}/stat").exists() else "X"
-    return state not in ("Z", "X")
 
 
 def test_a_command_that_ends_while_the_daemon_is_down_releases_its_slot_once_it_is_back(tmp_path: Path) -> None:
@@ -333,11 +309,11 @@ def test_a_command_that_ends_while_the_daemon_is_down_releases_its_slot_once_it_
         marker = tmp_path / "started"
         holder = gate.client(
             "gate", "--name", "holder", "--ready-tcp", f"127.0.0.1:{closed}",
-            "--", "sh", "-c", f"touch {marker}; sleep 1.5",
+            "--", "sh", "-c", f"echo $$ > {marker}; sleep 1.5",
         )  # fmt: skip
-        wait_until(marker.exists, 20, "the holder's command to run")
+        pid = int(wait_until(lambda: marker.exists() and marker.read_text().strip(), 20, "the holder's command to run"))
         gate.daemon.kill()
-        time.sleep(2.0)  # the command ends while nobody serves the gate
+        wait_until(lambda: not alive(pid), 10, "the command ended while nobody serves the gate")
         gate.daemon.start()
         gate.daemon.wait_for(gate._answers, 20, "the restarted gate")
         code, text = output(holder)

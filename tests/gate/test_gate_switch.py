@@ -6,21 +6,18 @@ import signal
 from pathlib import Path
 
 from nodeguard.gate import store
-from tests.daemon_proc import DaemonProcess
-from tests.gate.helpers import Gate, wait_until
-from tests.gate.test_state_file import record, write_state
+from tests.gate.state_records import record, write_state
+from tests.support.daemon import DaemonProcess
+from tests.support.gate import Gate
+from tests.support.poll import wait_until
 
 RESTART_ONLY = "gate.socket and gate.enabled change only on restart"
-
-
-def logged(daemon: DaemonProcess, event: str) -> bool:
-    return any(e.get("event") == event for e in daemon.events())
 
 
 def reloaded(gate: Gate, enabled: bool) -> None:
     """SIGHUP with gate.enabled now ``enabled``, until the daemon says it took the new config."""
     gate.reconfigure({"enabled": enabled})
-    gate.daemon.wait_for(lambda: logged(gate.daemon, "config reloaded"), 30, "the reload")
+    gate.daemon.wait_for(lambda: gate.daemon.logged("config reloaded"), 30, "the reload")
 
 
 def stopped(daemon: DaemonProcess) -> None:
@@ -37,7 +34,7 @@ def test_a_reload_that_turns_the_gate_on_keeps_serving_without_it_until_the_rest
         reloaded(gate, True)
         ticks_at_reload = len(daemon.ticks())
         daemon.wait_for(lambda: len(daemon.ticks()) >= ticks_at_reload + 3, 30, "ticks after the reload")
-        assert logged(daemon, RESTART_ONLY), "no warning that turning the gate on takes a restart"
+        assert daemon.logged(RESTART_ONLY), "no warning that turning the gate on takes a restart"
         assert not Path(gate.socket).exists() and gate.status_if_up() is None
         assert daemon.proc is not None and daemon.proc.poll() is None
         stopped(daemon)
@@ -83,7 +80,7 @@ def test_a_reload_that_turns_the_gate_off_keeps_it_serving_until_the_restart(tmp
     try:
         gate.start()
         reloaded(gate, False)
-        assert logged(daemon, RESTART_ONLY), "no warning that turning the gate off takes a restart"
+        assert daemon.logged(RESTART_ONLY), "no warning that turning the gate off takes a restart"
         status = gate.status_if_up()
         assert status is not None and (status["enabled"], status["serving"]) == (True, True), status
         stopped(daemon)

@@ -19,7 +19,7 @@ import pytest
 
 from nodeguard.gate import hook_errors as he
 from nodeguard.gate.connection import GateClient, GateUnavailable
-from tests.gate.helpers import REPO
+from tests.support.gate import REPO
 
 CONTAINER_ID = "0123456789abcdef" * 4
 SOCKET = "/run/nodeguard/gate.sock"

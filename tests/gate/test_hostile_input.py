@@ -15,8 +15,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.gate.helpers import wait_until
 from tests.gate.served import ServedGate, connect, exchange, ping, served
+from tests.support.poll import wait_until
 
 # json.loads parses up to ~1000 levels less the stack in use; json.dumps of the value in an error
 # reply, called deeper down, failed for the last few of them: every depth near the limit is tried.

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nodeguard.gate.readiness import ExecProbe, HttpProbe, TcpProbe, probe_once, wait_until_ready
-from tests.ports import free_port
+from tests.support.poll import wait_until_async
+from tests.support.ports import free_port
+from tests.support.processes import alive
 
 
 class Status404(http.server.BaseHTTPRequestHandler):
@@ -45,11 +47,13 @@ async def test_exec_probe_runs_as_the_submitting_user_not_as_root() -> None:
 
 async def test_exec_probe_past_its_timeout_fails_and_is_killed(tmp_path: Path) -> None:
     """A probe command still running at its timeout counts as failed and its process group is killed."""
-    marker = tmp_path / "survived"
-    # The command would leave a marker after its timeout: no marker if it was killed.
-    probe = ExecProbe(type="exec", command=["sh", "-c", f"sleep 1; touch {marker}"], timeout_seconds=0.2)
+    marker, pids = tmp_path / "survived", tmp_path / "pids"
+    # The shell and its child would live on past the timeout, and the shell then leave a marker.
+    script = f"echo $$ > {pids}; sleep 5 & echo $! >> {pids}; wait; touch {marker}"
+    probe = ExecProbe(type="exec", command=["sh", "-c", script], timeout_seconds=0.2)
     assert await probe_once(probe, 0, 0) == (False, "timed out after 0.2s")
-    await asyncio.sleep(2)
+    for pid in (int(line) for line in pids.read_text().split()):
+        await wait_until_async(lambda pid=pid: not alive(pid), 2, f"probe process {pid} killed")
     assert not marker.exists()
 
 

@@ -13,38 +13,12 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodeguard.atomic_file import boot_id
 from nodeguard.gate import store
-from nodeguard.gate.readiness import ExecProbe, NotifyReadiness
-from nodeguard.gate.states import Load, LoadSpec, LoadState
-from tests.gate.helpers import Session, wait_until
+from nodeguard.gate.readiness import ExecProbe
 from tests.gate.served import ServedGate, ping, served
-
-BOOT = boot_id()
-
-
-def record(name: str, *, seq: int = 1, state: str = "starting", **changes: Any) -> dict[str, Any]:
-    """A valid state-file record of a load admitted a second ago, with ``changes`` laid over it."""
-    now = time.monotonic()
-    load = Load(
-        spec=LoadSpec(name=name, readiness=NotifyReadiness(type="notify"), detach=True),
-        seq=seq,
-        state=LoadState(state),
-        reason="admitted: test",
-        submitted_at=now - 2,
-        admitted_at=now - 1,
-        deadline=now + 300,
-        finished_at=now - 0.5 if state == "ready" else None,
-    )
-    data = json.loads(store.encode([load], BOOT))["loads"][0]
-    return {**data, **changes}
-
-
-def write_state(directory: Path, loads: list[dict[str, Any]], raw: bytes | None = None) -> Path:
-    path = directory / store.STATE_FILE
-    path.write_bytes(raw if raw is not None else json.dumps({"version": 1, "bootId": BOOT, "loads": loads}).encode())
-    path.chmod(0o600)
-    return path
+from tests.gate.state_records import BOOT, record, write_state
+from tests.support.gate import Session
+from tests.support.poll import wait_until
 
 
 def corrupt_copies(directory: Path) -> list[Path]:

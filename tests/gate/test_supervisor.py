@@ -13,8 +13,9 @@ from structlog.testing import capture_logs
 from nodeguard.gate.service import GateService
 from nodeguard.gate.settings import GateSettings
 from nodeguard.supervisor import Restarts, supervise
-from tests.gate.helpers import Session, wait_until
 from tests.gate.served import ping, served
+from tests.support.gate import Session
+from tests.support.poll import wait_until, wait_until_async
 
 
 def test_an_unexpected_error_restarts_the_gate_which_keeps_its_loads(tmp_path: Path) -> None:
@@ -61,8 +62,7 @@ async def test_supervise_backs_off_reports_and_stops_when_cancelled() -> None:
     task = asyncio.create_task(
         supervise("part", failing, reports.append, restarts=Restarts(first=0.01, longest=0.04, stable_after=60))
     )
-    while len(attempts) < 5:
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: len(attempts) >= 5, 10, "five attempts", interval=0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -76,11 +76,8 @@ async def test_a_socket_path_the_kernel_refuses_leaves_the_gate_retrying_not_rai
     settings = GateSettings.model_construct(**{**GateSettings().__dict__, "socket": f"{tmp_path}/gate\0.sock"})
     gate = GateService(settings, 2, str(tmp_path))
     task = asyncio.create_task(gate.run())
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 10
-    while gate.problem() in (None, "not serving yet"):
-        assert loop.time() < deadline and not task.done(), task
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: gate.problem() not in (None, "not serving yet"), 10, "the gate's problem reported",
+                           interval=0.01, give_up=task.done, detail=lambda: str(task))  # fmt: skip
     assert "null byte" in str(gate.problem()) and not task.done()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

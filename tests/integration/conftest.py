@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 
 
 @pytest.fixture(params=["v1", pytest.param("v2", marks=pytest.mark.kernel)])

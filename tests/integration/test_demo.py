@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import realcgroups as rc
-from tests.integration.harness import SLOW
+from tests.support import cgroups as rc
+from tests.support.node import SLOW
 
 
 def leftovers() -> list[Path]:

@@ -16,25 +16,14 @@ from typing import Any
 import pytest
 
 from nodeguard.actuators.ledger import Ledger
-from nodeguard.sources.procfs import parse_proc_stat_cpu
 from nodeguard.sources.readers import count_cpus
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import BURNERS, SLOW, TICK, UNLIMITED, ShapedNode, plain_node
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import BURNERS, SLOW, TICK, UNLIMITED, ShapedNode, node_cores, plain_node
+from tests.support.poll import wait_until
 
 BURNER_SHARES = [0.4, 0.4, 0.1, 0.1, 0.1, 0.1]  # of each 100 ms: two heavy burners, four light ones
 IMPORTANT_SHARE = 0.3
-
-
-def node_cores(seconds: float) -> float:
-    def read() -> tuple[int, int]:
-        cpu = parse_proc_stat_cpu(Path("/proc/stat").read_text())
-        return cpu.busy, cpu.total
-
-    busy0, total0 = read()
-    time.sleep(seconds)
-    busy1, total1 = read()
-    return (busy1 - busy0) / (total1 - total0) * count_cpus(Path("/proc/stat").read_text())
 
 
 @pytest.fixture
@@ -54,11 +43,10 @@ def daemon(node: ShapedNode, tmp_path: Path) -> Iterator[DaemonProcess]:
     # burners' worth. Keep the waterline reachable on a busy machine too.
     baseline = node_cores(1.0)
     threshold = min(baseline + 1.0, count_cpus(Path("/proc/stat").read_text()) - 0.5)
-    node.start(important_share=IMPORTANT_SHARE, burner_shares=BURNER_SHARES)
     # start() returns once every process runs its loop (without that, in the VM, the daemon's first tick came
-    # before its emulated Python burners were all running: every burner was throttled as each came up). Then
-    # let them reach their steady shares before the first tick sees them.
-    time.sleep(1.5)
+    # before its emulated Python burners were all running: every burner was throttled as each came up); a duty
+    # cycle keeps its share from its first period.
+    node.start(important_share=IMPORTANT_SHARE, burner_shares=BURNER_SHARES)
     # A throttle aims 4 % of the node under the waterline: what the daemon, this test and the rest of the machine
     # add between two ticks must not put the node back over it (2 % was seen to fall short).
     config = node.config(tmp_path / "run/ledger.json", objectives(threshold), restoreStepPercent=25,
@@ -119,7 +107,7 @@ def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: ShapedN
     the ledger, and a restarted daemon starts by restoring them."""
     daemon.start()
     daemon.wait_for(lambda: bool(node.throttled()), 10 * SLOW, "a first throttle")
-    time.sleep(2 * TICK)
+    daemon.wait_for(lambda: daemon.ticks_after("throttle") >= 2, 5 * SLOW, "two ticks past the first throttle")
     victim = sorted(node.throttled())[0]
     held = node.hierarchy.limit(victim)
     node.hierarchy.set_limit(victim, UNLIMITED)
@@ -153,13 +141,12 @@ def test_sigterm_restores_everything_within_a_second(node: ShapedNode, daemon: D
     """SIGTERM while throttles are held puts every original back and exits within 1 s."""
     daemon.start()
     daemon.wait_for(lambda: len(node.throttled()) >= 1, 10 * SLOW, "a first throttle")
-    time.sleep(TICK)
+    daemon.wait_for(lambda: daemon.ticks_after("throttle") >= 1, 5 * SLOW, "a tick past the first throttle")
     sent = time.monotonic()
     daemon.signal(signal.SIGTERM)
-    while node.throttled() and time.monotonic() - sent < 5 * SLOW:
-        time.sleep(0.01)
+    wait_until(lambda: not node.throttled(), 5 * SLOW, "every quota restored", interval=0.01,
+               detail=lambda: str(node.throttled()))  # fmt: skip
     took = time.monotonic() - sent
-    assert not node.throttled(), node.throttled()
     assert took < 1.0, f"restoring took {took:.2f}s"
     assert daemon.wait(timeout=5 * SLOW) == 0
     assert not Ledger.load(str(daemon.workdir / "run/ledger.json")).of("cpu.max")

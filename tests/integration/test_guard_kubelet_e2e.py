@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import signal
 import statistics
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,14 +23,12 @@ import pytest
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import count_cpus
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW, UNLIMITED, ShapedNode, kubelet_node
-from tests.integration.test_guard_e2e import node_cores
-from tests.ports import free_port
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import GUARANTEED_LIMIT, SLOW, UNLIMITED, ShapedNode, kubelet_node, node_cores
+from tests.support.ports import free_port
 
 POD_LIMIT = CpuMax(150000)  # 1.5 cores, at the pod and at its container
-GUARANTEED_LIMIT = CpuMax(50000)
 SETTLE_TICKS = 8  # ticks after convergence that must stay under the waterline
 # How far one reading may stray over the waterline in those ticks: the noise of a shared machine on one tick's node
 # CPU; an oscillation swings further, and shows in the mean too. Under emulation one tick read a full 0.1 over
@@ -62,8 +59,7 @@ def waterline(node_cpus: int) -> float:
 @pytest.fixture
 def daemon(node: ShapedNode, tmp_path: Path) -> Iterator[DaemonProcess]:
     threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
-    node.start()
-    time.sleep(1.0)  # start() waited for every burner's loop; then their steady shares before the first tick
+    node.start()  # returns once every burner runs its loop: the node is as busy as it will be
     process = DaemonProcess(config(node, tmp_path / "run/ledger.json", threshold), tmp_path)
     process.threshold = threshold  # type: ignore[attr-defined]
     try:
@@ -183,8 +179,8 @@ def test_a_refused_write_is_not_counted_and_the_next_pod_closes_the_gap(tmp_path
             node.hierarchy.set_limit(f"{trap.inner}/a", POD_LIMIT)
             node.hierarchy.set_limit(deep, POD_LIMIT)
             node.start()
-            node.procs.append(trap.start_busy())
-            time.sleep(1.0)
+            node.procs.append(trap.start_busy(announce=True))
+            rc.wait_started(node.procs[-1:], 30)
             threshold = waterline(count_cpus(Path("/proc/stat").read_text()))
             config_ = config(node, tmp_path / "run/ledger.json", threshold)
             listen = f"127.0.0.1:{free_port()}"

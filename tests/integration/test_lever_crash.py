@@ -9,20 +9,17 @@ the QEMU VM.
 
 from __future__ import annotations
 
-import json
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from nodeguard.actuators.ledger import Ledger
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW, ShapedNode
-from tests.integration.test_protect_e2e import SLEEPER_SHARE, protect_config, protected_node
+from tests.integration.crashes import crash_holding, held
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import SLEEPER_SHARE, SLOW, ShapedNode, protect_config, protected_node
 
 REPO = Path(__file__).parents[2]
 HOLD = 3.0  # weightHoldSeconds of the daemons after the crash
@@ -42,44 +39,6 @@ def any_node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
         yield shaped
 
 
-def held(ledger: Path) -> dict[str, set[str]]:
-    """The groups each lever holds in the ledger file."""
-    found = Ledger.load(str(ledger))
-    return {lever: set(found.of(lever)) for lever in ("cpu.max", "cpu.weight")}
-
-
-def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
-    """Run a daemon until it holds the Burstable tier's weight down (and, with ``quotas``, burners' quotas too),
-    then SIGKILL it; returns the ledger it left."""
-    ledger = tmp_path / "run/ledger.json"
-    guard: dict[str, Any] = {"weightHoldSeconds": 600}
-    config = protect_config(node, ledger, **guard)
-    daemon = DaemonProcess(config, tmp_path).start()
-    tier = f"{node.parent}/kubepods/burstable"
-
-    def lowered() -> bool:
-        # The ledger is written before the kernel: wait for both, or a SIGKILL between them leaves it as it was.
-        return tier in held(ledger)["cpu.weight"] and node.hierarchy.weight(tier) != node.weights[tier]
-
-    try:
-        daemon.wait_for(lowered, 30 * SLOW, "the tier's weight held")
-        if quotas:
-            # Then, reloaded, a node waterline the burners exceed: their quotas go down beside the tier's weight.
-            # (Given from the start, it throttled the burners before they could harm the pod: no weight came down.)
-            config["global"]["guard"]["objectives"].append({
-                "metric": "cpu_total_utilization", "action": "throttle", "threshold": "50%", "restoreBelow": "30%",
-                "triggerAfter": 1, "restoreAfter": 2,
-            })  # fmt: skip
-            daemon.config_path.write_text(json.dumps(config))
-            daemon.signal(signal.SIGHUP)
-            daemon.wait_for(lambda: all(held(ledger).values()) and bool(node.throttled()), 30 * SLOW,
-                            "a weight and a quota held")  # fmt: skip
-    finally:
-        daemon.kill()
-    assert daemon.wait() == -signal.SIGKILL
-    return ledger
-
-
 def restart(node: ShapedNode, ledger: Path, tmp_path: Path, on_start: str) -> DaemonProcess:
     """The next daemon on the crashed one's ledger (a short weight hold), in its own directory.
 
@@ -96,7 +55,6 @@ def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ShapedNode
     """A ledger holding only the tier's lowered weight, left by a SIGKILLed daemon, is put back by the next daemon
     before its first tick (onStart: restore), and the ledger empties."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=False)
     assert held(ledger) == {"cpu.max": set(), "cpu.weight": {f"{node.parent}/kubepods/burstable"}}
     assert node.changed(), "the crash left the weight down"
@@ -104,7 +62,7 @@ def test_lowered_weights_are_back_at_once_with_on_start_restore(node: ShapedNode
 
     daemon = restart(node, ledger, tmp_path, "restore")
     try:
-        daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
+        daemon.wait_for(lambda: daemon.logged("tick"), 20 * SLOW, "a first tick")
         events = [e.get("event") for e in daemon.events()]
         assert "restored the ledger's records" in events
         assert events.index("restored the ledger's records") < events.index("tick")
@@ -118,7 +76,6 @@ def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: Sha
     """With onStart: adopt the next daemon takes the crashed one's lowered weight as its own and, the harm gone,
     puts it back within weightHoldSeconds while it runs."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=False)
     tier = f"{node.parent}/kubepods/burstable"
     assert node.hierarchy.weight(tier) != node.weights[tier]
@@ -126,7 +83,7 @@ def test_lowered_weights_come_back_within_the_hold_with_on_start_adopt(node: Sha
 
     daemon = restart(node, ledger, tmp_path, "adopt")
     try:
-        daemon.wait_for(lambda: any(e.get("event") == "tick" for e in daemon.events()), 20 * SLOW, "a first tick")
+        daemon.wait_for(lambda: daemon.logged("tick"), 20 * SLOW, "a first tick")
         adopted = next(e for e in daemon.events() if e.get("event") == "re-adopted the ledger's records")
         assert adopted["cpu.weight"] == 1, adopted
         took = daemon.wait_for(lambda: not node.changed(), (HOLD + 10) * SLOW, "the weight back while running")
@@ -144,7 +101,6 @@ def test_weights_and_quotas_both_come_back_after_a_crash(any_node: ShapedNode, t
     puts every weight and limit back once the burners stop, and the ledger empties."""
     node = any_node
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=True)
     assert all(held(ledger).values())
     node.stop_burners()

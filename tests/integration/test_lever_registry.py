@@ -26,11 +26,11 @@ from nodeguard.daemon import held_counts
 from nodeguard.kubernetes.events import REASONS
 from nodeguard.model.levers import TERMS
 from nodeguard.policy.holds import KIND_OF
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW
-from tests.integration.test_operating import metric_value
-from tests.ports import free_port
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.endpoints import metric_value
+from tests.support.node import SLOW
+from tests.support.ports import free_port
 
 REPO = Path(__file__).parents[2]
 

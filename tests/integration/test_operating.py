@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,17 +12,10 @@ from typing import Any
 import pytest
 
 from nodeguard.surfaces.http import HttpServer
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.ports import free_port
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.endpoints import get, metric_value
+from tests.support.ports import free_port
 
 
 def config(tmp_path: Path, port: int, **sections: Any) -> dict[str, Any]:
@@ -36,13 +27,6 @@ def config(tmp_path: Path, port: int, **sections: Any) -> dict[str, Any]:
     }
     settings.update(sections)
     return {"global": settings}
-
-
-def metric_value(text: str, name: str, **labels: str) -> float | None:
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from nodeguard.actuators.levers.cpu_weight import WeightLever
 from nodeguard.actuators.restore import Outcome, restore_all
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.cgroupfs import parse_cpu_max
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 from tests.support.owner_scenarios import SCENARIOS, Node, run
 
 VERSIONS = ["v1", pytest.param("v2", marks=pytest.mark.kernel)]

@@ -16,7 +16,6 @@ every file it changes is checked back exactly.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import statistics
 import time
@@ -27,34 +26,13 @@ from typing import Any
 import pytest
 
 from nodeguard.actuators.ledger import Ledger
-from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import count_cpus
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW, ShapedNode, kubelet_node
-from tests.integration.test_guard_kubelet_e2e import GUARANTEED_LIMIT
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import SHARES, SLEEPER_SHARE, SLOW, STALL_THRESHOLD, ShapedNode, protect_config, protected_node
 
-SHARES = 512  # kubelet: the pod's request (or limit) × 1024; equal here
-THRESHOLD = 5.0  # % of a tick the protected pod may wait to run
 SETTLED_TICKS = 6  # ticks whose mean stall must be under the threshold
-SLEEPER_SHARE = 0.3  # of each 100 ms window: wakes, works, sleeps
 CONTENDED = 9.0  # seconds the burners go on after the harm is closed: three times protect_config's weight hold
-
-
-def protect_config(node: ShapedNode, ledger: Path, **guard: Any) -> dict[str, Any]:
-    """A daemon guarding the Guaranteed pod's stall, with short cool-downs and a short weight hold."""
-    objective = {"metric": "protected_cpu_stall", "action": "throttle", "threshold": f"{THRESHOLD}%",
-                 "restoreBelow": "1%", "triggerAfter": 2, "restoreAfter": 2}  # fmt: skip
-    settings = {"restoreStepPercent": 50, "cooldownTicks": 2, "weightHoldSeconds": 3, **guard}
-    return node.config(ledger, [objective], **settings)
-
-
-@contextlib.contextmanager
-def protected_node(hierarchy: rc.Hierarchy, important_limit: CpuMax = GUARANTEED_LIMIT) -> Iterator[ShapedNode]:
-    """Six Burstable burners without limits beside a Guaranteed pod, every pod at kubelet's weight for equal
-    requests."""
-    with kubelet_node(hierarchy, None, important_limit, shares=SHARES) as shaped:
-        yield shaped
 
 
 @pytest.fixture
@@ -87,7 +65,7 @@ def settled_after_first_throttle(events: list[dict[str, Any]]) -> tuple[list[flo
     after = [v for v, _ in readings[first + 1 :] if v is not None]
     for start in range(len(after) - SETTLED_TICKS + 1):
         window = after[start : start + SETTLED_TICKS]
-        if statistics.mean(window) < THRESHOLD:
+        if statistics.mean(window) < STALL_THRESHOLD:
             return before, window
     return None
 
@@ -100,7 +78,6 @@ def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
     stays down; once they stop and no harm is seen for weightHoldSeconds, every weight and limit is back exactly
     and the ledger is empty."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     daemon = DaemonProcess(protect_config(node, tmp_path / "run/ledger.json"), tmp_path)
     daemon.start()
     try:
@@ -109,7 +86,7 @@ def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
         result = settled_after_first_throttle(daemon.events())
         assert result is not None
         before, _ = result
-        assert max(before) > THRESHOLD, "the burners did harm the protected pod"
+        assert max(before) > STALL_THRESHOLD, "the burners did harm the protected pod"
         events = daemon.events()
         tier = f"{node.parent}/kubepods/burstable"
         reweighed = {e["group"] for e in events if e.get("event") == "reweigh"}
@@ -129,7 +106,7 @@ def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
         contended = time.monotonic()
         while time.monotonic() - contended < CONTENDED:
             assert tier in node.changed(), "the tier's weight came back while the burners ran"
-            time.sleep(0.25)
+            time.sleep(0.25)  # kept: samples of the scenario's window of lasting contention
         restored = [e for e in daemon.events() if e.get("event") == "reweigh" and e.get("restored")]
         assert not restored, f"weights put back while the burners ran: {restored}"
 
@@ -155,7 +132,6 @@ def test_a_busy_node_that_harms_no_one_is_left_alone(tmp_path: Path) -> None:
     cpus = count_cpus(Path("/proc/stat").read_text())
     with protected_node(rc.v1_cpu_hierarchy()) as node:
         node.start(burners=min(6, max(1, cpus - 1)), important_share=SLEEPER_SHARE)
-        time.sleep(1.0)
         # triggerAfter 6: a few ticks' noise from the rest of the machine is no harm to act on.
         config = protect_config(node, tmp_path / "run/ledger.json")
         config["global"]["guard"]["objectives"][0]["triggerAfter"] = 6
@@ -164,7 +140,7 @@ def test_a_busy_node_that_harms_no_one_is_left_alone(tmp_path: Path) -> None:
         try:
             daemon.wait_for(lambda: len(stalls(daemon.events())) >= 20, 30, "20 ticks")
             readings = [v for v, _ in stalls(daemon.events()) if v is not None]
-            assert statistics.median(readings) < THRESHOLD, readings
+            assert statistics.median(readings) < STALL_THRESHOLD, readings
             busy = [(e.get("readings") or {}).get("cpu_total_utilization") for e in daemon.events()
                     if e.get("event") == "tick"]  # fmt: skip
             assert statistics.median(v for v in busy if v is not None) > 50.0, busy
@@ -179,7 +155,6 @@ def test_sigterm_puts_a_lowered_weight_back(tmp_path: Path) -> None:
     kubelet's rewrite of the tier's weight in between is drift: taken as the original and re-asserted."""
     with protected_node(rc.v1_cpu_hierarchy()) as node:
         node.start(burners=6, important_share=SLEEPER_SHARE)
-        time.sleep(1.0)
         daemon = DaemonProcess(protect_config(node, tmp_path / "run/ledger.json", weightHoldSeconds=600), tmp_path)
         daemon.start()
         tier = f"{node.parent}/kubepods/burstable"

@@ -21,11 +21,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from nodeguard.surfaces.http import MAX_CONNECTIONS, HttpServer
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.gate.helpers import Session
-from tests.integration.test_operating import get
-from tests.ports import free_port
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.endpoints import get
+from tests.support.gate import Session
+from tests.support.poll import wait_until_async
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -386,11 +387,8 @@ async def test_http_connections_past_the_cap_are_closed_and_it_serves_again() ->
     listening = await server.start(f"127.0.0.1:{port}")
     idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_CONNECTIONS)]
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while server.open < MAX_CONNECTIONS:
-            assert loop.time() < deadline, server.open
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: server.open >= MAX_CONNECTIONS, 10, f"{MAX_CONNECTIONS} connections open",
+                               interval=0.01, detail=lambda: f"open: {server.open}")  # fmt: skip
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
         try:
@@ -402,9 +400,8 @@ async def test_http_connections_past_the_cap_are_closed_and_it_serves_again() ->
     finally:
         for _, idle_writer in idle:
             idle_writer.close()
-    while server.open:
-        assert loop.time() < deadline + 10, server.open
-        await asyncio.sleep(0.01)
+    await wait_until_async(lambda: not server.open, 10, "every connection closed", interval=0.01,
+                           detail=lambda: f"open: {server.open}")  # fmt: skip
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
     assert (await asyncio.wait_for(reader.read(), 10)).endswith(b"\r\n\r\nok\n")

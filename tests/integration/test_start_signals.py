@@ -25,12 +25,12 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.levers import CPU_WEIGHT, LeverChange
 from nodeguard.model.samples import CpuMax
-from tests import realcgroups as rc
-from tests.actuators.test_executor_real import executor_for, throttle_by_hand
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW, ShapedNode
-from tests.integration.test_lever_crash import crash_holding, held
-from tests.integration.test_protect_e2e import SLEEPER_SHARE, protect_config, protected_node
+from tests.integration.crashes import crash_holding, held
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.levers import executor_for, throttle_by_hand
+from tests.support.node import SLEEPER_SHARE, SLOW, ShapedNode, protect_config, protected_node
+from tests.support.poll import wait_until
 
 HOST_DELAYS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 3.0)
 # In the VM: the moment nodeguard takes SIGTERM over (None: deterministic, seconds of imports before the first
@@ -50,7 +50,6 @@ def crashed(node: ShapedNode, tmp_path: Path) -> tuple[Path, bytes]:
     """The ledger a SIGKILLed daemon left holding the tier's weight and a burner's quota, and its bytes; the
     burners stopped since."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding_both(node, tmp_path)
     node.stop_burners()
     return ledger, ledger.read_bytes()
@@ -97,14 +96,13 @@ def run_and_stop(
     daemon = DaemonProcess(protect_config(node, ledger), workdir).start()
     assert daemon.proc is not None
     try:
-        if delay is None:
-            deadline = time.monotonic() + 30 * SLOW
-            while not catches(daemon.proc.pid, signum):
-                assert time.monotonic() < deadline and daemon.proc.poll() is None, "never took the signal over"
-                time.sleep(0.001)
+        pid = daemon.proc.pid
+        if delay is None:  # at once: every millisecond of the start-up is a moment this test may hit
+            wait_until(lambda: catches(pid, signum), 30 * SLOW, "the signal taken over", interval=0.001,
+                       give_up=daemon.exited)  # fmt: skip
         else:
-            time.sleep(delay)
-        caught = catches(daemon.proc.pid, signum)
+            time.sleep(delay)  # the scenario: the signal this long after exec, wherever the start-up is
+        caught = catches(pid, signum)
         daemon.signal(signum)
         return daemon.wait(timeout=30 * SLOW), caught
     finally:
@@ -184,21 +182,17 @@ def test_a_reload_while_starting_is_applied_after_start_and_a_stop_then_restores
         daemon = DaemonProcess(protect_config(node, ledger), tmp_path / f"hup-{i}").start()
         assert daemon.proc is not None
         try:
-            time.sleep(delay)
+            time.sleep(delay)  # the scenario: SIGHUP this long after exec, wherever the start-up is
             if not catches(daemon.proc.pid, signal.SIGHUP):
                 continue  # still inside the interpreter's own start: nothing of nodeguard to test yet
             daemon.signal(signal.SIGHUP)
-            daemon.wait_for(functools.partial(logged, daemon, "tick"), 30 * SLOW, "a tick")
-            daemon.wait_for(functools.partial(logged, daemon, "reloading config"), 10 * SLOW, "the reload taken")
+            daemon.wait_for(functools.partial(daemon.logged, "tick"), 30 * SLOW, "a tick")
+            daemon.wait_for(functools.partial(daemon.logged, "reloading config"), 10 * SLOW, "the reload taken")
             daemon.signal(signal.SIGTERM)
             assert daemon.wait(timeout=30 * SLOW) == 0
             assert not node.changed() and not Ledger.load(str(ledger))
         finally:
             daemon.kill()
-
-
-def logged(daemon: DaemonProcess, event: str) -> bool:
-    return any(e.get("event") == event for e in daemon.events())
 
 
 def bare_interpreter_seconds() -> float:
@@ -215,7 +209,6 @@ def test_a_stop_at_any_moment_honours_on_exit_keep(node: ShapedNode, tmp_path: P
     """With onExit: keep, a SIGTERM while starting keeps what the ledger holds (values and ledger as they were)
     and exits 0."""
     node.start(burners=6, important_share=SLEEPER_SHARE)
-    time.sleep(1.0)
     ledger = crash_holding(node, tmp_path, quotas=False)
     node.stop_burners()
     before, changed = held(ledger), node.changed()

@@ -22,9 +22,9 @@ import pytest
 
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.ports import free_port
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 POD_LIMIT = CpuMax(150000)

@@ -28,9 +28,9 @@ from nodeguard.daemon import Daemon
 from nodeguard.model.levers import LeverChange
 from nodeguard.policy.holds import HeldMemory
 from nodeguard.sources.cgroupfs import parse_flat_keyed
-from tests import realcgroups as rc
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import SLOW
+from tests.support import cgroups as rc
+from tests.support.daemon import DaemonProcess
+from tests.support.node import SLOW
 
 pytestmark = pytest.mark.kernel
 

@@ -107,7 +107,7 @@ async def test_a_hanging_server_is_cut_at_the_deadline(kube: FakeKube, pki: Pki,
     async def ticker() -> None:
         nonlocal ticks
         while True:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # the scenario: a tick every 20 ms while the request hangs
             ticks += 1
 
     task = asyncio.create_task(ticker())

@@ -27,6 +27,7 @@ from tests.kubernetes.conftest import Canned, FakeCgroupEvictor, FakeKube
 from tests.kubernetes.objects import NODE, pod, pod_list, status
 from tests.kubernetes.workloads import pod_cgroup, pod_usage
 from tests.policy.builders import cpu_throttle, guard, snapshot
+from tests.support.poll import wait_until_async
 
 UID_A = "0f6a2f6e-3b1c-4c5e-9d7e-1a2b3c4d5e6f"
 EVENTS = "/api/v1/namespaces/jobs/events"
@@ -169,10 +170,9 @@ async def test_event_failures_are_counted_and_never_block(kube: FakeKube, settin
     started = time.perf_counter()
     k8s.emit([done(action)] * 5, seen(k8s), spawn)
     assert time.perf_counter() - started < 0.5  # the tick only schedules tasks
-    deadline = time.monotonic() + 10
-    while (k8s.recorder.in_flight, k8s.recorder.dropped) != (2, 3) and time.monotonic() < deadline:
-        await asyncio.sleep(0)  # let the scheduled tasks run: two posts start (and hang), three are dropped
-    assert k8s.recorder.in_flight == 2 and k8s.recorder.dropped == 3
+    # The scheduled tasks run while it waits: two posts start (and hang), three are dropped.
+    await wait_until_async(lambda: (k8s.recorder.in_flight, k8s.recorder.dropped) == (2, 3), 10,
+                           "two posts in flight and three dropped", interval=0)  # fmt: skip
     for task in spawn.tasks:
         task.cancel()
     await asyncio.gather(*spawn.tasks, return_exceptions=True)

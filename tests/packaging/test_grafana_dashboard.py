@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import ast
-import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import nodeguard.surfaces.metrics
-from nodeguard.model.levers import LEVERS
+from tests.packaging.monitoring import LEVER_GAUGES, METRIC_NAME, all_panels, dashboard, exported_metric_names
 
 REPO = Path(__file__).resolve().parents[2]
-DASHBOARD = REPO / "packaging" / "grafana" / "nodeguard-dashboard.json"
-METRIC_NAME = re.compile(r"\bnodeguard_[a-z_]+\b")
 GRAFANA_BUILTINS = {"__rate_interval", "__interval", "__range", "__range_s", "__interval_ms"}
 # The metrics the dashboard is there to show.
 REQUIRED = {
@@ -44,57 +39,7 @@ REQUIRED = {
 }
 
 
-def exported_metric_names(source: str) -> set[str]:
-    """Metric names in nodeguard.surfaces.metrics' source: string literals, f-strings over a literal loop, histograms.
-
-    ``f"nodeguard_semaphore_{field}"`` inside ``for field in ("allotment", ...)`` gives one name per element;
-    a ``Histogram("name", ...)`` is exported as ``name_bucket``, ``name_sum`` and ``name_count``.
-    """
-    names = set(re.findall(r"[\"'](nodeguard_[a-z_]+)[\"']", source))
-    tree = ast.parse(source)
-    for loop in ast.walk(tree):
-        if not (
-            isinstance(loop, ast.For)
-            and isinstance(loop.target, ast.Name)
-            and isinstance(loop.iter, ast.Tuple | ast.List)
-        ):
-            continue
-        values = [e.value for e in loop.iter.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-        for node in ast.walk(loop):
-            if not isinstance(node, ast.JoinedStr):
-                continue
-            parts = node.values
-            names.update(
-                "".join(p.value if isinstance(p, ast.Constant) else value for p in parts)
-                for value in values
-                if all(
-                    isinstance(p, ast.Constant)
-                    or (
-                        isinstance(p, ast.FormattedValue)
-                        and isinstance(p.value, ast.Name)
-                        and p.value.id == loop.target.id
-                    )
-                    for p in parts
-                )
-            )
-    for histogram in re.findall(r"Histogram\(\s*[\"'](nodeguard_[a-z_]+)[\"']", source):
-        names.update(f"{histogram}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
-    return {n for n in names if METRIC_NAME.fullmatch(n) and not n.endswith("_")}
-
-
-# The lever gauges are named by each lever's terms (nodeguard.model.levers), which the collector iterates over.
-LEVER_GAUGES = {name for t in LEVERS for name in (t.count_metric, t.value_metric, t.original_metric) if name}
 EXPORTED = exported_metric_names(Path(nodeguard.surfaces.metrics.__file__).read_text(encoding="utf-8")) | LEVER_GAUGES
-
-
-def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
-
-
-def all_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for panel in panels:
-        yield panel
-        yield from all_panels(panel.get("panels", []))
 
 
 def exprs() -> list[str]:

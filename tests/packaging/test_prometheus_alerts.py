@@ -6,16 +6,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 import nodeguard.surfaces.metrics
-from tests.packaging.test_grafana_dashboard import LEVER_GAUGES, METRIC_NAME, exported_metric_names
+from tests.packaging.monitoring import LEVER_GAUGES, METRIC_NAME, RULES, alert_rules, exported_metric_names
 
 REPO = Path(__file__).resolve().parents[2]
-RULES = REPO / "packaging" / "prometheus" / "nodeguard-alerts.yaml"
 RULE_TESTS = REPO / "packaging" / "prometheus" / "nodeguard-alerts.test.yaml"
 MANIFEST = REPO / "packaging" / "kubernetes" / "prometheus-operator" / "nodeguard-prometheusrule.yaml"
 # What issue 25 asks the alerts to cover, by alert name.
@@ -33,10 +31,6 @@ needs_promtool = pytest.mark.skipif(
 )
 
 
-def rules() -> list[dict[str, Any]]:
-    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
-
-
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     assert PROMTOOL is not None
     return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
@@ -44,7 +38,7 @@ def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_alerts_cover_what_an_operator_must_hear_about() -> None:
     """Every alert the issue names is in the rules file, each with a severity, a summary and a description."""
-    found = {rule["alert"]: rule for rule in rules()}
+    found = {rule["alert"]: rule for rule in alert_rules()}
     assert set(found) >= REQUIRED, f"missing: {REQUIRED - set(found)}"
     for name, rule in found.items():
         assert rule["labels"]["severity"] in ("critical", "warning"), name
@@ -55,7 +49,7 @@ def test_the_alerts_query_only_metrics_nodeguard_exports() -> None:
     """Every nodeguard_* name in an alert expression is a metric nodeguard.surfaces.metrics exports."""
     exported = exported_metric_names(Path(nodeguard.surfaces.metrics.__file__).read_text()) | LEVER_GAUGES
     assert "nodeguard_restore_failures_total" in exported
-    used = {name for rule in rules() for name in METRIC_NAME.findall(rule["expr"])}
+    used = {name for rule in alert_rules() for name in METRIC_NAME.findall(rule["expr"])}
     assert used - exported == set(), f"not exported: {used - exported}"
 
 
@@ -82,11 +76,11 @@ def test_each_alert_has_a_firing_and_a_not_firing_unit_test(tmp_path: Path) -> N
     is tested firing, and tested not firing before its time."""
     tested = {t["alertname"] for case in yaml.safe_load(RULE_TESTS.read_text())["tests"]
               for t in case["alert_rule_test"]}  # fmt: skip
-    assert {rule["alert"] for rule in rules()} <= tested
+    assert {rule["alert"] for rule in alert_rules()} <= tested
     shutil.copy(RULE_TESTS, tmp_path / RULE_TESTS.name)
     document = yaml.safe_load(RULES.read_text())
     unnoticed = []
-    for index, rule in enumerate(rules()):
+    for index, rule in enumerate(alert_rules()):
         for what, change in (("never true", {"expr": "vector(1) == 0"}), ("no `for`", {"for": "0s"})):
             mutated = yaml.safe_load(RULES.read_text())
             mutated["groups"][0]["rules"][index].update(change)

@@ -10,13 +10,11 @@ asks Prometheus's HTTP API.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -26,14 +24,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests import realcgroups as rc
-from tests.coordination.conftest import MOSQUITTO, Broker, wait_listening
-from tests.daemon_proc import DaemonProcess
-from tests.integration.harness import plain_node
-from tests.packaging.test_grafana_dashboard import METRIC_NAME, all_panels, dashboard
-from tests.packaging.test_prometheus_alerts import RULES
-from tests.ports import free_port
-from tests.workloads import start_duty_cycle
+from tests.packaging.monitoring import METRIC_NAME, RULES, alert_rules, all_panels, dashboard
+from tests.support import cgroups as rc
+from tests.support.broker import Broker, listening, skip_without_mosquitto
+from tests.support.daemon import DaemonProcess
+from tests.support.node import plain_node
+from tests.support.poll import wait_until
+from tests.support.ports import free_port
+from tests.support.workloads import start_duty_cycle
 
 PROMETHEUS = shutil.which("prometheus")
 NODE = "ng-scrape"
@@ -63,18 +61,19 @@ def query(base: str, expr: str) -> list[dict[str, Any]]:
     return list(data["result"])
 
 
+def answers_ready(base: str) -> bool:
+    """Whether Prometheus answers /-/ready with 200 (it answers 503 while its storage opens)."""
+    try:
+        with urllib.request.urlopen(f"{base}/-/ready", timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
 def wait_ready(base: str, log: Path, timeout: float = 30.0) -> None:
-    """Until Prometheus answers /-/ready with 200 (it answers 503 while its storage opens)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/-/ready", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"Prometheus not ready within {timeout} s:\n{log.read_text()[-3000:]}")
+    """Until Prometheus is ready, or fail with its log."""
+    wait_until(lambda: answers_ready(base), timeout, "Prometheus ready", interval=0.2,
+               detail=lambda: log.read_text()[-3000:])  # fmt: skip
 
 
 def dashboard_targets() -> list[tuple[str, str, str]]:
@@ -105,8 +104,7 @@ def label_values(base: str, definition: str) -> list[str]:
 def prometheus_dir(tmp_path: Path) -> Path:
     if PROMETHEUS is None:
         pytest.skip("prometheus missing: scripts/setup installs Debian's prometheus package")
-    if not os.access(MOSQUITTO, os.X_OK):
-        pytest.skip("mosquitto is not installed (Debian package mosquitto)")
+    skip_without_mosquitto()
     return tmp_path
 
 
@@ -115,8 +113,7 @@ def scraped_daemon(prometheus_dir: Path) -> Iterator[tuple[str, DaemonProcess]]:
     """A guarding, gating, coordinating daemon on the test's own v1 groups, and Prometheus's URL scraping it."""
     tmp = prometheus_dir
     hierarchy = rc.v1_cpu_hierarchy()  # skips without root or a v1 cpu hierarchy
-    broker = Broker(tmp)
-    broker.start()
+    broker = Broker(tmp).start()
     try:
         with plain_node(hierarchy, burners=1) as node:  # stops its processes and removes its groups on the way out
             # Light duty cycles: a protected workload with a stall to read, a BestEffort one to throttle.
@@ -139,7 +136,7 @@ def scraped_daemon(prometheus_dir: Path) -> Iterator[tuple[str, DaemonProcess]]:
             }  # fmt: skip
             daemon = DaemonProcess(config, tmp).start(env={"NODE_NAME": NODE})
             try:
-                wait_listening(port, 15)
+                daemon.wait_for(lambda: listening(port), 15, "the daemon's HTTP endpoints")
                 admit = subprocess.run(
                     [sys.executable, "-m", "nodeguard", "admit", "--socket", str(tmp / "run/gate.sock"),
                      "--name", "scrape-load", "--connect-timeout", "15"],
@@ -211,10 +208,6 @@ def with_bool(expr: str) -> str:
     return "".join(out)
 
 
-def alert_rules() -> list[dict[str, Any]]:
-    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]]
-
-
 def test_with_bool_turns_each_comparison_outside_matchers_into_a_bool_one() -> None:
     """Comparisons between vectors and scalars get ``bool``; label matchers, strings and present ``bool``s do not."""
     assert with_bool('up{job="nodeguard"} == 0') == 'up{job="nodeguard"} == bool 0'
@@ -257,12 +250,8 @@ def test_every_dashboard_query_and_alert_metric_returns_series(scraped_daemon: t
         missing += [name for name in alert_metrics if name not in NO_SERIES_HERE and not query(base, name)]
         return missing
 
-    deadline = time.monotonic() + DEADLINE
-    left = empty()
-    while left and time.monotonic() < deadline and daemon.proc is not None and daemon.proc.poll() is None:
-        time.sleep(1.0)
-        left = empty()
-    assert not left, f"no series for {left}; daemon log:\n{daemon.log_path.read_text()[-3000:]}"
+    wait_until(lambda: not empty(), DEADLINE, "a series for every query", interval=1.0, give_up=daemon.exited,
+               detail=lambda: f"no series for {empty()}; daemon log:\n{daemon.log_path.read_text()[-3000:]}")  # fmt: skip
 
     # The variables: every node (instance) and every guard metric the objectives name.
     instances = label_values(base, variable_query("node"))
@@ -319,9 +308,9 @@ def test_every_dashboard_query_and_alert_metric_returns_series(scraped_daemon: t
     rules = [r for g in api(base, "rules")["groups"] for r in g["rules"]]
     assert {r["name"] for r in rules} == {r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"]
                                           for r in g["rules"]}  # fmt: skip
-    deadline = time.monotonic() + DEADLINE
-    while any(r.get("health") != "ok" for r in rules) and time.monotonic() < deadline:
-        time.sleep(1.0)
+
+    def unhealthy() -> list[tuple[str, str | None, str | None]]:
         rules = [r for g in api(base, "rules")["groups"] for r in g["rules"]]
-    unhealthy = [(r["name"], r.get("health"), r.get("lastError")) for r in rules if r.get("health") != "ok"]
-    assert not unhealthy, unhealthy
+        return [(r["name"], r.get("health"), r.get("lastError")) for r in rules if r.get("health") != "ok"]
+
+    wait_until(lambda: not unhealthy(), DEADLINE, "every rule evaluated", interval=1.0, detail=lambda: str(unhealthy()))

@@ -1,8 +1,11 @@
-"""Snapshots and settings for policy tests, built directly from the model dataclasses; a plan's changes read back."""
+"""Snapshots and settings for policy tests, built directly from the model dataclasses; a plan's changes read back;
+and what a plan leaves of a node."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -177,3 +180,68 @@ def previous_high(action: Action) -> int | None:
 
 def original_high(action: Action) -> int | None:
     return memory_value(_given(_change(action, MEMORY_HIGH.name).give_back))
+
+
+# --- shapes of nodes and objectives that several policy test modules share ---------------------------------
+
+
+def stall_objective(**extra: Any) -> dict[str, Any]:
+    """A protected_cpu_stall objective: 5 % over, 1 % back, after one tick each."""
+    return {
+        "metric": "protected_cpu_stall",
+        "threshold": "5%",
+        "restoreBelow": "1%",
+        "action": "throttle",
+        "triggerAfter": 1,
+        "restoreAfter": 1,
+        **extra,
+    }
+
+
+def kubelet_node(
+    important_waiting: float, burner_cores: float = 0.3, burner_waiting: float = 0.7
+) -> list[WorkloadUsage]:
+    """kubelet's layout: burners in the Burstable and BestEffort tiers, the Guaranteed pod at the top level."""
+    burners = [
+        usage(f"kp/{tier}/pod{i}", cores=burner_cores, waiting=burner_waiting, priority=-i, cpu_max=CpuMax(None),
+              qos=QosClass.BURSTABLE if tier == "burstable" else QosClass.BEST_EFFORT)
+        for i, tier in enumerate(["burstable", "burstable", "besteffort"])
+    ]  # fmt: skip
+    important = usage("kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=important_waiting, starved=0.0,
+                      cpu_max=CpuMax(50000))  # fmt: skip
+    return [*burners, important]
+
+
+def predicted_node(p: Plan, workloads: list) -> float:  # type: ignore[type-arg]
+    """Node CPU once everyone took what they wanted within their (new) limits: demand = usage + wait."""
+    quotas = {a.workload_id: quota(a).cores for a in throttles(p)}
+    total = 0.0
+    for u in workloads:
+        demand = u.cores + ((u.waiting_cores if u.workload.id == "g" else u.starved_cores) or 0.0)
+        limit = quotas.get(u.workload.id, u.cpu_max.cores)
+        total += min(demand, limit if limit is not None else demand)
+    return total
+
+
+def mem(wid: str, used: int, *, high: float = math.inf, request: int | None = None, **extra: Any) -> WorkloadUsage:
+    """A workload using ``used`` bytes, its memory.high ``high`` (math.inf: "max")."""
+    found = usage(wid, memory=used, **extra)
+    workload = replace(found.workload, memory_request_bytes=request)
+    return found._replace(workload=workload, memory_high=high)
+
+
+def mem_throttle(threshold: str = "80%", restore: str = "70%", **extra: Any) -> dict[str, Any]:
+    """A memory_total_utilization throttle objective, after one tick each way."""
+    return {"metric": "memory_total_utilization", "threshold": threshold, "restoreBelow": restore,
+            "action": "throttle", "triggerAfter": 1, "restoreAfter": 1, **extra}  # fmt: skip
+
+
+def settings(*objectives: dict[str, Any], step: float = 100.0, min_high: str = "64Mi") -> GuardSettings:
+    """Guard settings with the memory lever's step and floor."""
+    return guard(*objectives, memory={"stepPercent": step, "minHigh": min_high})
+
+
+def at(used: int, *workloads: WorkloadUsage, version: str = "v2", **node: Any) -> Snapshot:
+    """A 16 GiB node with ``used`` bytes in use."""
+    found = snapshot(workloads, memory_total=16 * GiB, memory_used=used, **node)
+    return replace(found, cgroup_version=version)

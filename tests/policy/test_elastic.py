@@ -8,9 +8,9 @@ from nodeguard.model.samples import CpuMax
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.holds import HeldThrottle
 from nodeguard.policy.metrics import Metric
-from nodeguard.policy.planner import Plan, plan
+from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState
-from tests.policy.builders import cpu_throttle, guard, quota, restores, snapshot, throttles, usage
+from tests.policy.builders import cpu_throttle, guard, predicted_node, quota, restores, snapshot, throttles, usage
 
 POD_LIMIT = CpuMax(150000)
 CPU = Metric.CPU_TOTAL_USAGE
@@ -24,17 +24,6 @@ def elastic_node(burner_waiting: float | None, important_waiting: float | None =
     important = usage("g", qos=QosClass.GUARANTEED, cores=0.3, waiting=important_waiting, starved=0.0,
                       cpu_max=CpuMax(50000))  # fmt: skip
     return [*burners, important]
-
-
-def predicted_node(p: Plan, workloads: list) -> float:  # type: ignore[type-arg]
-    """Node CPU once everyone took what they wanted within their (new) limits: demand = usage + wait."""
-    quotas = {a.workload_id: quota(a).cores for a in throttles(p)}
-    total = 0.0
-    for u in workloads:
-        demand = u.cores + ((u.waiting_cores if u.workload.id == "g" else u.starved_cores) or 0.0)
-        limit = quotas.get(u.workload.id, u.cpu_max.cores)
-        total += min(demand, limit if limit is not None else demand)
-    return total
 
 
 def test_one_tick_covers_what_the_others_would_take() -> None:

@@ -2,53 +2,36 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
 from typing import Any
 
 from nodeguard.model.levers import MEMORY_HIGH
 from nodeguard.model.samples import CpuMax
-from nodeguard.model.snapshot import Snapshot, WorkloadUsage
+from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.actions import Evict
 from nodeguard.policy.holds import HeldMemory, HeldThrottle
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.outcome import Applied, Refusal, fold
 from nodeguard.policy.planner import Plan, plan
-from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.state import Direction, GuardState
 from nodeguard.policy.tuning import GRANULE
 from tests.policy.builders import (
     GiB,
     MiB,
+    at,
     changes,
     cpu_throttle,
     guard,
     high,
+    mem,
+    mem_throttle,
     original_high,
     previous_high,
     restores,
-    snapshot,
-    usage,
+    settings,
 )
 
 UTIL = Metric.MEMORY_TOTAL_UTILIZATION
-
-
-def mem(wid: str, used: int, *, high: float = math.inf, request: int | None = None, **extra: Any) -> WorkloadUsage:
-    """A workload using ``used`` bytes, its memory.high ``high`` (math.inf: "max")."""
-    found = usage(wid, memory=used, **extra)
-    workload = replace(found.workload, memory_request_bytes=request)
-    return found._replace(workload=workload, memory_high=high)
-
-
-def mem_throttle(threshold: str = "80%", restore: str = "70%", **extra: Any) -> dict[str, Any]:
-    return {"metric": "memory_total_utilization", "threshold": threshold, "restoreBelow": restore,
-            "action": "throttle", "triggerAfter": 1, "restoreAfter": 1, **extra}  # fmt: skip
-
-
-def settings(*objectives: dict[str, Any], step: float = 100.0, min_high: str = "64Mi") -> GuardSettings:
-    return guard(*objectives, memory={"stepPercent": step, "minHigh": min_high})
 
 
 def down(value: float) -> int:
@@ -65,12 +48,6 @@ def raised(p: Plan) -> list[int | None]:
 
 def causes(p: Plan) -> set[tuple[Metric, Direction, str]]:
     return {(b.metric, b.direction, b.cause) for b in p.blocked}
-
-
-def at(used: int, *workloads: WorkloadUsage, version: str = "v2", **node: Any) -> Snapshot:
-    """A 16 GiB node with ``used`` bytes in use."""
-    found = snapshot(workloads, memory_total=16 * GiB, memory_used=used, **node)
-    return replace(found, cgroup_version=version)
 
 
 def test_the_gap_is_closed_by_the_largest_least_important_candidate_alone() -> None:

@@ -24,32 +24,22 @@ from nodeguard.policy.whatif import what_if
 from nodeguard.surfaces.render import render_plan
 from tests.policy.builders import (
     guard,
+    kubelet_node,
     original_quota,
+    predicted_node,
     previous_quota,
     quota,
     restores,
     reweighs,
     snapshot,
+    stall_objective,
     throttles,
     usage,
 )
-from tests.policy.test_elastic import predicted_node
 
 STALL = Metric.PROTECTED_CPU_STALL
 QUOTA_STREAK_TICKS = ProtectSettings().streak_ticks
 QUOTA_TRIAL_TICKS = ProtectSettings().trial_ticks
-
-
-def stall_objective(**extra: Any) -> dict[str, Any]:
-    return {
-        "metric": "protected_cpu_stall",
-        "threshold": "5%",
-        "restoreBelow": "1%",
-        "action": "throttle",
-        "triggerAfter": 1,
-        "restoreAfter": 1,
-        **extra,
-    }
 
 
 # The quota lever alone (most tests here); the weight lever comes first by default, tested below.
@@ -203,20 +193,6 @@ def test_plan_shows_each_protected_stall_against_its_target_and_the_lever() -> N
 # --- the weight lever ---------------------------------------------------------------------------------------
 
 WEIGHT = guard(stall_objective(), minQuotaCores=0.05, weightHoldSeconds=60)
-
-
-def kubelet_node(
-    important_waiting: float, burner_cores: float = 0.3, burner_waiting: float = 0.7
-) -> list[WorkloadUsage]:
-    """kubelet's layout: burners in the Burstable and BestEffort tiers, the Guaranteed pod at the top level."""
-    burners = [
-        usage(f"kp/{tier}/pod{i}", cores=burner_cores, waiting=burner_waiting, priority=-i, cpu_max=CpuMax(None),
-              qos=QosClass.BURSTABLE if tier == "burstable" else QosClass.BEST_EFFORT)
-        for i, tier in enumerate(["burstable", "burstable", "besteffort"])
-    ]  # fmt: skip
-    important = usage("kp/podg", qos=QosClass.GUARANTEED, cores=0.4, waiting=important_waiting, starved=0.0,
-                      cpu_max=CpuMax(50000))  # fmt: skip
-    return [*burners, important]
 
 
 def test_competing_group_is_where_the_paths_part() -> None:

@@ -18,8 +18,7 @@ from nodeguard.policy.protect_state import ProtectPhase, ProtectState, QuotaTria
 from nodeguard.policy.settings import GuardSettings, ProtectSettings
 from nodeguard.policy.state import Direction, GuardState
 from nodeguard.policy.tuning import CONTENDED_CORES
-from tests.policy.builders import guard, restores, reweighs, snapshot, throttles
-from tests.policy.test_protect import kubelet_node, stall_objective
+from tests.policy.builders import guard, kubelet_node, restores, reweighs, snapshot, stall_objective, throttles
 
 STALL = Metric.PROTECTED_CPU_STALL
 TUNING = ProtectSettings()

@@ -17,7 +17,7 @@ from nodeguard.config import Settings
 from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.sources import readers
 from nodeguard.sources.sensor import Sensor
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 
 # What a tick reads of each workload on cgroup v2 where the files exist (the controller is on).
 CALM_FILES = ("cpu.stat", "cpu.max", "cpu.pressure", "memory.current")

@@ -28,7 +28,7 @@ from nodeguard.sources.discovery import (
 )
 from nodeguard.sources.sensor import Sensor
 from nodeguard.sources.settings import WorkloadGroup
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 
 CID = "a" * 64
 CID2 = "b" * 64

@@ -19,8 +19,8 @@ from nodeguard.policy.whatif import what_if
 from nodeguard.sources.readers import V1Reader, V2Reader, read_details_v2
 from nodeguard.sources.sensor import Sensor
 from nodeguard.surfaces.render import render_snapshot
-from tests import realcgroups as rc
 from tests.policy import builders
+from tests.support import cgroups as rc
 
 PSI = "some avg10=1.00 avg60=0.50 avg300=0.10 total=5000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=100\n"
 MEMINFO = "MemTotal:       16000000 kB\nMemFree:         8000000 kB\nMemAvailable:   12000000 kB\n"

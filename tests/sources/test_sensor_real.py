@@ -15,7 +15,7 @@ from nodeguard.config import Settings
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.sources import readers
 from nodeguard.sources.sensor import Sensor
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 
 TOLERANCE = 0.08  # cores; CFS enforcement measured here within ±1 % of a core
 
@@ -31,7 +31,7 @@ def settings_for(root: Path, version: str, pattern: str) -> Settings:
 
 def sense_over(sensor: Sensor, seconds: float) -> Snapshot:
     sensor.sense()
-    time.sleep(seconds)
+    time.sleep(seconds)  # the window the rates are read over
     return sensor.sense()
 
 
@@ -126,7 +126,7 @@ def test_a_memory_file_that_cannot_be_opened_reads_as_missing_for_that_workload_
                 sensor.follow_memory(True)
             monkeypatch.setattr(readers, "open_optional", real_open)
             first = sensor.sense().workloads
-            time.sleep(0.1)
+            time.sleep(0.1)  # the window the second reading's rates are over
             second = sensor.sense().workloads
         finally:
             sensor.close()

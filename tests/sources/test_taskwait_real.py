@@ -12,8 +12,8 @@ import pytest
 
 from nodeguard.model.samples import CpuMax
 from nodeguard.sources.taskwait import TaskWait, Waits, subtree
-from tests import realcgroups as rc
-from tests.workloads import DUTY_CYCLE
+from tests.support import cgroups as rc
+from tests.support.workloads import DUTY_CYCLE
 
 # Each says it is pinned (one line) before it loops: in the emulated VM a Python start can outlast a fixed sleep, and
 # a child measured before it pins itself runs on both CPUs.
@@ -55,7 +55,7 @@ def measure(wait: TaskWait, hierarchy: rc.Hierarchy, rel: str, seconds: float) -
     """(the waits, cores used) over ``seconds``."""
     assert wait.sample() is None, "the first sample is the baseline"
     used, start_at = usage_ns(hierarchy, rel), time.monotonic()
-    time.sleep(seconds)
+    time.sleep(seconds)  # the measured window
     found = wait.sample()
     assert found is not None
     return found, (usage_ns(hierarchy, rel) - used) / 1e9 / (time.monotonic() - start_at)
@@ -73,7 +73,6 @@ def test_busy_threads_wait_for_what_they_do_not_get(hierarchy: rc.Hierarchy, par
     (threads in a child cgroup counted), all of it starved demand."""
     procs = [start(PINNED_BUSY, ["0"], hierarchy, f"{parent}/shared/c") for _ in range(2)]
     try:
-        time.sleep(0.2)
         wait = waits_of(hierarchy, f"{parent}/shared")
         try:
             found, used = measure(wait, hierarchy, f"{parent}/shared", 1.0)
@@ -95,7 +94,6 @@ def test_a_thread_that_sleeps_waits_but_is_not_starved(hierarchy: rc.Hierarchy, 
         start(PINNED_DUTY, ["0.3", "1"], hierarchy, f"{parent}/sleepy"),
     ]
     try:
-        time.sleep(0.3)
         wait = waits_of(hierarchy, f"{parent}/sleepy")
         try:
             found, _ = measure(wait, hierarchy, f"{parent}/sleepy", 1.0)
@@ -115,7 +113,7 @@ def test_threads_come_and_go_without_a_spike_or_a_leak(hierarchy: rc.Hierarchy, 
         assert wait.sample() is None
         kept = TaskWait.kept_open
         proc = start(PINNED_BUSY, ["0"], hierarchy, f"{parent}/alone")
-        time.sleep(0.3)
+        time.sleep(0.3)  # kept: the scenario, a thread that runs (and waits) a while before it is first seen
         found = wait.sample()
         assert found is not None and found.waited_ns == 0, "its wait before it was first seen is not this tick's"
         assert TaskWait.kept_open == kept + 1
@@ -136,7 +134,6 @@ def test_a_containers_own_limit_counts_as_throttled_not_as_waiting_for_others(
     hierarchy.set_limit(f"{parent}/shared/c", CpuMax(20000))
     proc = start(PINNED_BUSY, ["0"], hierarchy, f"{parent}/shared/c")
     try:
-        time.sleep(0.3)
         found, cores = measure(waits_of(hierarchy, f"{parent}/shared"), hierarchy, f"{parent}/shared", 1.0)
     finally:
         rc.stop(proc)

@@ -34,7 +34,7 @@ from nodeguard.errors import CgroupGone
 from nodeguard.log import configure
 from nodeguard.model.levers import WEIGHT_IDLE, LeverChange
 from nodeguard.sources.cgroupfs import parse_cpu_max
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 from tests.support.owners import Container, Driver, Outcome, Owners, Pod, Version, counts
 
 TICKS = 3

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests import realcgroups as rc
+from tests.support import cgroups as rc
 from tests.support.owners import (
     Container,
     Outcome,

@@ -1,10 +1,12 @@
 """The e2e tests' node: workloads in real cgroups under a unique parent, the processes in them, every limit's and
 weight's original, and the daemon config that watches them.
 
-Two shapes: ``kubelet_node`` lays pods out as kubelet does (pod, sandbox and
+Three shapes: ``kubelet_node`` lays pods out as kubelet does (pod, sandbox and
 container cgroups under ``<parent>/kubepods[/tier]``, limits at the pod and the
-container level, weights at every level), ``plain_node`` is a plain Linux host's
-groups side by side, classified by the config's ``workloads.groups``. The
+container level, weights at every level), ``protected_node`` is that with six
+unlimited burners beside a Guaranteed pod at equal weights (``protect_config``
+guards its stall), ``plain_node`` is a plain Linux host's groups side by side,
+classified by the config's ``workloads.groups``. tests/integration's
 ``hierarchy`` fixture runs a test on this host's cgroup v1 and, marked
 ``kernel``, on cgroup v2 inside the QEMU VM.
 """
@@ -13,20 +15,28 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from nodeguard.model.samples import CpuMax
-from tests import realcgroups as rc
+from nodeguard.sources.procfs import parse_proc_stat_cpu
+from nodeguard.sources.readers import count_cpus
 from tests.kernel.vm import IN_VM
-from tests.workloads import start_duty_cycle
+from tests.support import cgroups as rc
+from tests.support.workloads import start_duty_cycle
 
 TICK = 0.5
 SLOW = 8.0 if IN_VM else 1.0  # emulated CPUs: every wait longer
 BURNERS = 6
 UNLIMITED = CpuMax(None)
+GUARANTEED_LIMIT = CpuMax(50000)
+# The protected node: every pod at kubelet's weight for equal requests, the Guaranteed pod a sleeper.
+SHARES = 512  # kubelet: the pod's request (or limit) × 1024; equal here
+STALL_THRESHOLD = 5.0  # % of a tick the protected pod may wait to run
+SLEEPER_SHARE = 0.3  # of each 100 ms window: wakes, works, sleeps
 
 
 @dataclass
@@ -159,3 +169,32 @@ def plain_node(hierarchy: rc.Hierarchy, burners: int = BURNERS) -> Iterator[Shap
             yield node
         finally:
             node.stop_all()
+
+
+@contextlib.contextmanager
+def protected_node(hierarchy: rc.Hierarchy, important_limit: CpuMax = GUARANTEED_LIMIT) -> Iterator[ShapedNode]:
+    """Six Burstable burners without limits beside a Guaranteed pod, every pod at kubelet's weight for equal
+    requests."""
+    with kubelet_node(hierarchy, None, important_limit, shares=SHARES) as shaped:
+        yield shaped
+
+
+def protect_config(node: ShapedNode, ledger: Path, **guard: Any) -> dict[str, Any]:
+    """A daemon guarding the Guaranteed pod's stall, with short cool-downs and a short weight hold."""
+    objective = {"metric": "protected_cpu_stall", "action": "throttle", "threshold": f"{STALL_THRESHOLD}%",
+                 "restoreBelow": "1%", "triggerAfter": 2, "restoreAfter": 2}  # fmt: skip
+    settings = {"restoreStepPercent": 50, "cooldownTicks": 2, "weightHoldSeconds": 3, **guard}
+    return node.config(ledger, [objective], **settings)
+
+
+def node_cores(seconds: float) -> float:
+    """The cores this whole machine kept busy over the next ``seconds`` (a measurement window)."""
+
+    def read() -> tuple[int, int]:
+        cpu = parse_proc_stat_cpu(Path("/proc/stat").read_text())
+        return cpu.busy, cpu.total
+
+    busy0, total0 = read()
+    time.sleep(seconds)  # the measured window
+    busy1, total1 = read()
+    return (busy1 - busy0) / (total1 - total0) * count_cpus(Path("/proc/stat").read_text())

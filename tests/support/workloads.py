@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.realcgroups import start_in
+from tests.support.cgroups import start_in
 
 # Spins for `share` of every 100 ms window and sleeps the rest, by wall time, so
 # it uses about `share` of a core on any machine speed until a quota holds it back.
@@ -27,7 +26,7 @@ while True:
 
 
 def start_duty_cycle(share: float, *groups: Path, announce: bool = False) -> subprocess.Popen[bytes]:
-    """``share`` of a core, in every given group; ``announce``: see realcgroups.ANNOUNCE."""
+    """``share`` of a core, in every given group; ``announce``: see cgroups.ANNOUNCE."""
     return start_in(groups, DUTY_CYCLE, str(share), announce=announce)
 
 
@@ -86,11 +85,13 @@ while True:
 
 
 def start_probe(out: Path, iterations: int, *groups: Path) -> subprocess.Popen[bytes]:
-    """The probe in the given groups (placed before it calibrates or works: it starts by sleeping)."""
+    """The probe in the given groups, placed before it calibrates or works: it waits for its stdin to close."""
     args = [str(out), str(iterations), str(PROBE_UNIT_S), str(PROBE_PERIOD_S)]
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)\n" + PROBE, *args])
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()\n" + PROBE, *args], stdin=subprocess.PIPE)
     for group in groups:
         (group / "cgroup.procs").write_text(str(proc.pid))
+    assert proc.stdin is not None
+    proc.stdin.close()  # placed: it may start
     return proc
 
 
@@ -134,7 +135,3 @@ def p99_windows(text: str, since_us: int, until_us: int, span: float, step: floa
         start += round(step * 1e6)
     return found
 
-
-def stop_cleanly_on_sigterm() -> None:
-    """SIGTERM raises SystemExit in a bench, so its with-blocks stop its processes and remove its cgroups."""
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.support.poll import wait_until
+
 
 class DaemonProcess:
     """``nodeguard run`` (under ``wrapper``, if given) with JSON logs to a file the test reads."""
@@ -46,7 +48,7 @@ class DaemonProcess:
     def start(self, env: dict[str, str] | None = None) -> DaemonProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.args, stdout=log, stderr=log, env={**os.environ, **(env or {})},
-                                         cwd=str(Path(__file__).parents[1]))  # fmt: skip
+                                         cwd=str(Path(__file__).parents[2]))  # fmt: skip
         return self
 
     def events(self) -> list[dict[str, Any]]:
@@ -54,8 +56,7 @@ class DaemonProcess:
         with self.log_path.open("rb") as log:
             log.seek(self._parsed_bytes)
             new = log.read()
-        exited = self.proc is not None and self.proc.poll() is not None
-        complete = new if exited else new[: new.rfind(b"\n") + 1]  # a line still being written waits
+        complete = new if self.exited() else new[: new.rfind(b"\n") + 1]  # a line still being written waits
         self._parsed_bytes += len(complete)
         for line in complete.decode(errors="replace").splitlines():
             try:
@@ -64,16 +65,25 @@ class DaemonProcess:
                 self._events.append({"event": "<unparsed>", "line": line})
         return list(self._events)
 
-    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> float:
-        """Seconds until ``predicate`` held; fails with the daemon's log otherwise."""
+    def wait_for(self, predicate: Callable[[], object], timeout: float, what: str) -> float:
+        """Seconds until ``predicate`` held; fails with the daemon's log when it did not in time or the daemon exited."""
         start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if predicate():
-                return time.monotonic() - start
-            if self.proc is not None and self.proc.poll() is not None:
-                break
-            time.sleep(0.2)  # slow polling: the test's own CPU use is noise the daemon measures
-        raise AssertionError(f"timed out waiting for {what}; daemon log:\n{self.log_path.read_text()[-4000:]}")
+        wait_until(predicate, timeout, what, interval=0.2,  # slow polling: the test's CPU use is noise the daemon measures
+                   give_up=self.exited, detail=lambda: f"daemon log:\n{self.log_path.read_text()[-4000:]}")  # fmt: skip
+        return time.monotonic() - start
+
+    def exited(self) -> bool:
+        """The process ran and is gone."""
+        return self.proc is not None and self.proc.poll() is not None
+
+    def logged(self, event: str) -> bool:
+        """Whether the daemon has logged ``event`` yet."""
+        return any(e.get("event") == event for e in self.events())
+
+    def ticks_after(self, event: str) -> int:
+        """How many ticks the daemon logged after it first logged ``event``; 0 until it has."""
+        names = [e.get("event") for e in self.events()]
+        return names[names.index(event) :].count("tick") if event in names else 0
 
     def ticks(self) -> list[str]:
         """The daemon's view of each tick (debug log), for failure messages."""

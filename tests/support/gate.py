@@ -9,30 +9,19 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from nodeguard.config import Settings
-from tests.daemon_proc import DaemonProcess
+from tests.support.daemon import DaemonProcess
+from tests.support.poll import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_SERVER = str(Path(__file__).with_name("slow_server.py"))
 # No HTTP endpoints: several daemons run at once here, and the default port is shared.
 QUIET: dict[str, Any] = {"http": {"enabled": False}} if "http" in Settings.model_fields else {}
 
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 class Session:

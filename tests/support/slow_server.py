@@ -1,4 +1,4 @@
-"""A small real server for the gate tests: records when it starts and when it listens, takes a while in between.
+"""A small real server for the gate tests (its records: tests/support/records.py): records when it starts and when it listens, takes a while in between.
 
 Usage: slow_server.py NAME PORT DELAY_SECONDS LOG_FILE tcp|http
 Each record is one line ``start|ready NAME MONOTONIC`` appended with a single write
