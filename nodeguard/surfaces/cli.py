@@ -218,7 +218,9 @@ def _parser() -> argparse.ArgumentParser:
         _plan_options,
         help="show what the guard would do now, without acting",
         description="Read the node twice, --interval apart, and show what the guard would do now: readings against "
-        "the waterlines, gaps, actions, blocked metrics and every candidate's sort keys. Changes nothing.",
+        "the waterlines, gaps, actions, blocked metrics, the rule that makes each workload a candidate, protected "
+        "or exempt, and every candidate's sort keys (with kubernetes.enabled, the node's pods are listed once for "
+        "their metadata). Changes nothing.",
     )
     commands.command(
         "demo",
