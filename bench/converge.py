@@ -89,7 +89,9 @@ def settings_for(sensing: dict[str, Any], groups: list[dict[str, Any]]) -> Setti
         "guard": {"objectives": [{"metric": "cpu_total_utilization", "action": "throttle", "triggerAfter": 1,
                                   "threshold": WATERLINE_PCT, "restoreBelow": WATERLINE_PCT - 20}],
                   # Aim 2 % of the node under the waterline: the room one tick's noise needs in the VM.
-                  "minQuotaCores": FLOOR_CORES, "targetMarginPercent": 1},
+                  "minQuotaCores": FLOOR_CORES, "targetMarginPercent": 1,
+                  # No API server: kubelet-shaped pods have no metadata, and may be acted on anyway.
+                  "candidates": {"podsWithoutMetadata": True}},
     })
 
 

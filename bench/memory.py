@@ -185,7 +185,8 @@ def daemon_config(parent: str, workdir: Path, objectives: list[dict[str, Any]]) 
     return {"global": {
         "sensing": {"cgroupRoot": str(ROOT), "cgroupVersion": "v2", "tickSeconds": TICK,
                     "kubepodsPaths": [f"{parent}/kubepods"]},
-        "guard": {"objectives": objectives, "candidates": {"classes": ["BestEffort", "Burstable"]},
+        "guard": {"objectives": objectives,  # no API server: pods without metadata, acted on anyway
+                  "candidates": {"classes": ["BestEffort", "Burstable"], "podsWithoutMetadata": True},
                   "evictions": {"maxPerTick": 1, "minIntervalSeconds": 5}},
         "actuation": {"ledgerPath": str(workdir / "run/ledger.json"), "evictionGraceSeconds": 1},
         "http": {"enabled": False},

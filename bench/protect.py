@@ -315,7 +315,9 @@ def daemon_config(
     return {"global": {
         "sensing": {"cgroupRoot": str(root), "cgroupVersion": version, "tickSeconds": tick,
                     "kubepodsPaths": [f"{node.parent}/kubepods"]},
-        "guard": {"objectives": [objective], "candidates": {"classes": ["BestEffort", "Burstable"]}, **guard},
+        # No API server: the pods have no metadata, and the config says they may be acted on anyway.
+        "guard": {"objectives": [objective], **guard,
+                  "candidates": {"classes": ["BestEffort", "Burstable"], "podsWithoutMetadata": True}},
         "actuation": {"ledgerPath": str(workdir / "run/ledger.json")},
         "http": {"listen": listen},
         "gate": {"enabled": False},

@@ -1,7 +1,8 @@
 """The per-node JSON config: typed model, validation errors with paths, node selection.
 
 A document has a ``global`` section and a ``perNode`` list of rules. Each rule
-has a ``nodeSelector`` and any sections of ``global``; the settings of the
+has a ``nodeSelector`` (a Kubernetes label selector: nodeguard.selectors) and
+any sections of ``global``; the settings of the
 node are ``global`` with every matching rule laid over it in list order
 (objects merge key by key, lists and scalars are replaced, later rules win).
 """
@@ -11,26 +12,26 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import (
     BaseModel,
     Field,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
 from nodeguard.actuators.settings import ActuationSettings
 from nodeguard.atomic_file import UnsafeFile, read_regular_file
 from nodeguard.bounded_json import bounded_json
-from nodeguard.config_base import Model, cross_field, format_errors
+from nodeguard.config_base import Model, format_errors
 from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.settings import GateSettings
 from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.netaddr import split_host_port
 from nodeguard.policy.settings import GuardSettings
+from nodeguard.selectors import LabelSelector
 from nodeguard.sources.settings import SensingSettings, WorkloadSettings
 
 
@@ -60,43 +61,8 @@ class Settings(Model):
     kubernetes: KubernetesSettings = KubernetesSettings()
 
 
-class LabelExpression(Model):
-    key: str
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: list[str] = []
-
-    @model_validator(mode="after")
-    @cross_field("`In` and `NotIn` need `values`; `Exists` and `DoesNotExist` take none", "operator", "values")
-    def _values_fit_operator(self) -> LabelExpression:
-        if self.operator in ("In", "NotIn") and not self.values:
-            raise ValueError(f"operator {self.operator} needs values")
-        if self.operator in ("Exists", "DoesNotExist") and self.values:
-            raise ValueError(f"operator {self.operator} takes no values")
-        return self
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        if self.operator == "Exists":
-            return self.key in labels
-        if self.operator == "DoesNotExist":
-            return self.key not in labels
-        inside = labels.get(self.key) in self.values
-        return inside if self.operator == "In" else self.key in labels and not inside
-
-
-class NodeSelector(Model):
-    """Kubernetes label-selector semantics: every term must match; empty matches all."""
-
-    match_labels: dict[str, str] = {}
-    match_expressions: list[LabelExpression] = []
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return all(labels.get(k) == v for k, v in self.match_labels.items()) and all(
-            expr.matches(labels) for expr in self.match_expressions
-        )
-
-
 class NodeRule(Settings):
-    node_selector: NodeSelector
+    node_selector: LabelSelector
 
 
 class Document(Model):

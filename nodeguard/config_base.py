@@ -56,6 +56,8 @@ class Model(BaseModel):
 
 
 Validator = TypeVar("Validator", bound=Callable[..., Any])
+# How a tagged union's branches are named (pydantic's Tag): error paths leave them out, as they are no keys.
+BRANCH = "branch:"
 _RULES = "__config_rules__"
 
 
@@ -216,7 +218,7 @@ def format_errors(exc: ValidationError) -> list[str]:
     for error in exc.errors(include_url=False):
         # Pydantic appends the failing branch of a union or a validator's name to
         # the location; they are not keys of the document.
-        loc = [p for p in error["loc"] if isinstance(p, int) or not p.startswith(("function-", "union["))]
+        loc = [p for p in error["loc"] if isinstance(p, int) or not p.startswith(("function-", "union[", BRANCH))]
         line = f"{format_location(loc)}: {_message(error)}"
         if error["type"] != "missing" and error["input"] is not None:
             line += f", got {bounded_json(error['input'], 80)}"  # bounded: it may nest a thousand levels deep

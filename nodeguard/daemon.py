@@ -115,6 +115,22 @@ def say_memory_lever(settings: Settings, version: str, available: bool) -> None:
     )
 
 
+def without_metadata(settings: Settings, integration: bool, kubepods: bool) -> str | None:
+    """What a node with kubelet's pod cgroups and no Kubernetes integration cannot do; None where that is not so."""
+    if integration or not kubepods:
+        return None
+    what = (
+        "kubelet's pod cgroups found, but kubernetes.enabled is false: without pod metadata nodeguard cannot honour "
+        "system-critical pods, the nodeguard.io annotations, guard.exempt or PodDisruptionBudgets, "
+    )
+    if settings.guard.candidates.pods_without_metadata:
+        return what + (
+            "and guard.candidates.podsWithoutMetadata is true: pods are acted on by their cgroup's QoS class alone, "
+            "a CNI agent or CoreDNS like batch work, and evicted by killing their cgroup"
+        )
+    return what + "so it acts on no pod (guard.candidates.podsWithoutMetadata is false)"
+
+
 class Closable(Protocol):
     def close(self) -> None: ...
 
@@ -207,6 +223,7 @@ class Daemon:
         self.notifier = Notifier()
         self.stopping = asyncio.Event()
         self.reloads = {"ok": 0, "failed": 0}
+        self.warnings: dict[str, str] = {}  # setting -> what it costs, while it does (/status)
         self._group: asyncio.TaskGroup | None = None
         self._last_status = ""
         self._extra_tasks: set[asyncio.Task[None]] = set()
@@ -252,6 +269,7 @@ class Daemon:
         started = time.monotonic()
         follow = self._memory_objectives or self.ledger.holds(MEMORY_HIGH.name)
         snapshot = sense(self.sensor, follow, None if self.kube is None else self.kube.enrich)
+        self._warn_without_metadata()
         self.gate.observe(snapshot.node)
         writes = self.writer.counters.writes
         settled = settle(snapshot, self.state, self.settings.guard, self.executor)
@@ -281,6 +299,15 @@ class Daemon:
             observe(took)
         self._notify_tick(plan)
         return plan
+
+    def _warn_without_metadata(self) -> None:
+        """Once kubelet's pods are found (the first tick, at start) and again when what it means changes."""
+        warning = without_metadata(self.settings, self.kube is not None, bool(self.sensor.kubepods.tops))
+        if warning is None:
+            self.warnings.pop("kubernetes.enabled", None)
+        elif self.warnings.get("kubernetes.enabled") != warning:
+            self.warnings["kubernetes.enabled"] = warning
+            log.warning(warning, setting="kubernetes.enabled", kubepods=list(self.sensor.kubepods.tops))
 
     def _notify_tick(self, plan: Plan) -> None:
         """READY once after the first good tick, WATCHDOG every tick, STATUS as it changes."""

@@ -37,12 +37,14 @@ MEANINGS = {
     "$schema": "the JSON Schema the file follows (`packaging/nodeguard.schema.json`); ignored by nodeguard",
     "global": "the settings of every node",
     "perNode": "rules laid over `global` on the nodes their `nodeSelector` matches, in list order",
-    "nodeSelector": "which nodes the rule applies to (Kubernetes label-selector semantics)",
-    "nodeSelector.matchLabels": "labels the node must have, each with this value",
-    "nodeSelector.matchExpressions": "expressions that must all hold",
-    "nodeSelector.matchExpressions[].key": "the label",
-    "nodeSelector.matchExpressions[].operator": "how the label is compared with `values`",
-    "nodeSelector.matchExpressions[].values": "the values `In` and `NotIn` compare with",
+    "perNode[].nodeSelector": "which nodes the rule applies to: a [label selector](#labelselector) on the node's "
+    "labels",
+    "labelSelector": "Kubernetes label-selector semantics, the same for a rule's `nodeSelector` (the node's labels) "
+    "and for pods (`guard.candidates.labelSelector`, a [pod selector](#podselector)'s): every term must hold; an "
+    "empty selector matches everything",
+    "podSelector": "pods by namespace and labels: an entry of `guard.exempt.pods`, or an object in an objective's "
+    "`protect`; where both are given both must hold. Configured groups have neither: a pod selector never takes "
+    "one",
     "sensing": "where and how often nodeguard reads the node",
     "sensing.cgroupVersion": "the cgroup hierarchy to read and write; `auto` detects it",
     "sensing.tickSeconds": "one tick (sense, plan, act, record) every this long: on a fixed grid, each tick up to 10 % "
@@ -88,6 +90,9 @@ MEANINGS = {
     "coordination.broker.reconnectMaxSeconds": "the longest reconnect delay",
     "kubernetes": "pod metadata, evictions, Events and node labels from the Kubernetes API",
 }
+
+# Models used in several places, each shown once in a section of its own (by its JSON Schema title), and linked.
+SHARED = {"LabelSelector": "labelSelector", "PodSelector": "podSelector"}
 
 # Units by the end of a key's name, and of the keys whose name does not say.
 UNIT_SUFFIXES = (
@@ -207,20 +212,29 @@ class Reference:
         return node
 
     def object_of(self, node: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-        """(suffix, object schema) when the key holds an object with properties, or a list of them."""
+        """(suffix, object schema) when the key holds an object with properties, or a list of them (or of
+        either an object or something else)."""
         node = self.resolve(node)
         for each in node.get("anyOf", [node]):
             member = self.resolve(each)
             if "properties" in member:
                 return "", member
-            if member.get("type") == "array" and "properties" in self.resolve(member.get("items", {})):
-                return "[]", self.resolve(member["items"])
+            if member.get("type") == "array":
+                items = self.resolve(member.get("items", {}))
+                for item in (self.resolve(i) for i in items.get("oneOf", [items])):
+                    if "properties" in item:
+                        return "[]", item
         return None
+
+    def shared_of(self, node: dict[str, Any]) -> str | None:
+        """The section of a model shown once (``SHARED``) that the key holds, or None."""
+        found = self.object_of(node)
+        return None if found is None else SHARED.get(found[1].get("title", ""))
 
     def type_of(self, node: dict[str, Any]) -> str:
         node = self.resolve(node)
-        if "anyOf" in node:
-            members = [self.type_of(m) for m in node["anyOf"]]
+        if "anyOf" in node or "oneOf" in node:
+            members = [self.type_of(m) for m in node.get("anyOf", node.get("oneOf", []))]
             optional = "null" in members
             text = " or ".join(dict.fromkeys(m for m in members if m != "null"))
             return f"{text} or null" if optional else text
@@ -234,6 +248,8 @@ class Reference:
             return f"list of {self.type_of(item)}"
         if kind == "object":
             values = node.get("additionalProperties")
+            if not isinstance(values, dict) and len(node.get("patternProperties", {})) == 1:
+                [values] = node["patternProperties"].values()
             return f"object of {self.type_of(values)}" if isinstance(values, dict) else "object"
         if kind is None and "properties" in node:
             return "object"
@@ -275,11 +291,14 @@ class Reference:
                                 "required": ["nodeSelector"]}  # fmt: skip
         for name, node in settings["properties"].items():
             yield from self._walk(name, node)
-        yield from self._walk("nodeSelector", rule["properties"]["nodeSelector"])
+        for title, path in SHARED.items():
+            yield from self._walk(path, {"$ref": f"#/$defs/{title}"}, shared=False)
 
-    def _walk(self, path: str, node: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    def _walk(
+        self, path: str, node: dict[str, Any], *, shared: bool = True
+    ) -> Iterator[tuple[str, str, dict[str, Any]]]:
         found = self.object_of(node)
-        if found is None:
+        if found is None or (shared and self.shared_of(node) is not None):
             return
         suffix, schema = found
         yield path, suffix, schema
@@ -371,9 +390,7 @@ def render() -> str:
             nested = ref.object_of(node)
             name = f"`{key}`"
             if nested is not None:
-                target = key_path + nested[0]
-                if path == "perNode":
-                    target = "nodeSelector"
+                target = ref.shared_of(node) or key_path + nested[0]
                 name = f"[`{key}`](#{anchor(target)})"
             out.append(
                 f"| {name} | {_cell(ref.type_of(node))} | {_cell(_default(ref.resolve(node), key in required))} "

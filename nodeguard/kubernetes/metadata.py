@@ -26,8 +26,13 @@ What a pod's metadata sets on its workload:
   ``system-node-critical`` and ``system-cluster-critical`` priority classes
   (or a priority in their range), and a pod whose eviction was just refused
   (a PodDisruptionBudget) for its back-off: none of them is a candidate.
+- ``namespace`` and ``labels``: the pod's, for the guard's pod selectors
+  (``guard.candidates``, ``guard.exempt``, an objective's ``protect``).
+- ``protected_by``: which of those protects it, for ``nodeguard plan`` and
+  the trace.
 - ``metadata_known``: False for a pod cgroup whose UID no pod has (yet):
-  the planner never acts on it.
+  the planner never acts on it (unless
+  ``guard.candidates.podsWithoutMetadata``).
 
 Static pods: the cgroup carries the kubelet's UID (the config hash), while
 the API server's mirror pod has its own UID and the hash in the
@@ -278,10 +283,24 @@ class Enriched:
 Memo = MutableMapping[str, tuple[Workload, PodMeta | None, bool, Workload]]
 
 
+def protected_by(pod: PodMeta, held: bool) -> str | None:
+    """What protects a pod, first of: the annotation, a system-critical priority, a refused eviction; None."""
+    if pod.protected:
+        return f'annotation {PROTECTED_ANNOTATION}: "true"'
+    if pod.critical and pod.priority_class in CRITICAL_CLASSES:
+        return f"priority class {pod.priority_class}"
+    if pod.critical:
+        return f"priority ≥ {SYSTEM_CRITICAL_PRIORITY} (system-critical)"
+    if held:
+        return "eviction refused (a PodDisruptionBudget, or the API): held back for a while"
+    return None
+
+
 def apply(workload: Workload, pod: PodMeta | None, held: bool) -> Workload:
     """The workload with its pod's metadata laid over it; unknown when there is no pod."""
     if pod is None:
         return replace(workload, metadata_known=False)
+    by = workload.protected_by if workload.protected else protected_by(pod, held)
     return Workload(
         id=workload.id,
         name=pod.key,
@@ -295,6 +314,9 @@ def apply(workload: Workload, pod: PodMeta | None, held: bool) -> Workload:
         cpu_request_cores=pod.cpu_request_cores,
         memory_request_bytes=None if pod.memory_request_bytes is None else round(pod.memory_request_bytes),
         metadata_known=True,
+        protected_by=by,
+        namespace=pod.namespace,
+        labels=pod.labels,
     )
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Literal
 
 
@@ -27,6 +29,15 @@ class Container:
     sandbox: bool = False  # the pod's sandbox (pause) cgroup, where the runtime says so
 
 
+# What ``Workload.protected_by`` says of nodeguard's own pod or cgroup (discovery.protect_self).
+OWN_WORKLOAD = "nodeguard itself"
+NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
+def _no_labels() -> Mapping[str, str]:
+    return NO_LABELS
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     """A cgroup nodeguard may watch or act on: a pod, or a configured group."""
@@ -42,8 +53,12 @@ class Workload:
     started_at: float | None = None  # wall-clock seconds; None when unknown
     cpu_request_cores: float | None = None
     memory_request_bytes: int | None = None  # the floor of a memory throttle, with guard.memory.minHigh
-    # False for a pod cgroup the Kubernetes metadata does not know (yet): never acted on.
+    # False for a pod cgroup whose pod metadata nodeguard does not have: without the Kubernetes integration, or
+    # a pod the API has not listed (yet). Never acted on unless guard.candidates.podsWithoutMetadata says so.
     metadata_known: bool = True
+    protected_by: str | None = None  # what protects it (annotation, priority class, group config, ...), for people
+    namespace: str | None = None  # a pod's, from its metadata; None for a configured group
+    labels: Mapping[str, str] = field(default_factory=_no_labels)  # a pod's, from its metadata
 
 
 def is_kubepods_top(name: str) -> bool:

@@ -18,6 +18,7 @@ from nodeguard.policy.gaps import compute_gaps
 from nodeguard.policy.holds import HOLD_KINDS, HeldMemory, HeldThrottle
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.ranking import Ranked, ordering
+from nodeguard.policy.selection import Choices, Role
 from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.stall import ProtectedStalls, covers, is_protected
 from nodeguard.policy.state import Direction, GuardState, MetricDirection, PendingEviction
@@ -133,6 +134,8 @@ class PlanContext:
         self.cooldowns = {key: ticks - 1 for key, ticks in state.cooldowns.items() if ticks > 1}
 
         self.rankings: dict[tuple[str, ...], Ranked] = {}
+        memory_protect = self.memory_protect if self.memory_line is not None else None
+        self.choices = Choices(self.workloads, guard, self.protect, memory_protect)
         self._candidates: list[WorkloadUsage] | None = None
         self._unknown: dict[Resource, list[str]] = {}
         self._absorbing: tuple[float, float] | None = None  # (cores freed CPU goes to, share of waits that is demand)
@@ -192,24 +195,15 @@ class PlanContext:
     # --- candidates ----------------------------------------------------------------
 
     def candidates(self) -> list[WorkloadUsage]:
-        """The workloads that may be held back: by class and priority, neither protected, nor asked to leave
-        (before this tick), nor held back after a refused write."""
+        """The workloads that may be held back: chosen as candidates (policy.selection), neither asked to leave
+        (before this tick) nor held back after a refused write."""
         if self._candidates is None:
-            spec = self.guard.candidates
-            classes = frozenset(spec.classes)
-            below = spec.below_priority
+            choices = self.choices
             pending = self.evictions
             self._candidates = [
                 u
                 for wid, u in self.workloads.items()
-                if not u.workload.protected
-                and u.workload.metadata_known
-                and not (self.protect and is_protected(u.workload, self.protect))
-                and not (self.memory_line is not None and is_protected(u.workload, self.memory_protect))
-                and u.workload.qos_class in classes
-                and (below is None or u.workload.priority < below)
-                and wid not in pending
-                and wid not in self.holding
+                if choices[wid].role is Role.CANDIDATE and wid not in pending and wid not in self.holding
             ]
         return self._candidates
 

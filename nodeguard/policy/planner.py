@@ -49,6 +49,7 @@ from nodeguard.policy.metrics import CAPABILITIES, Metric
 from nodeguard.policy.protect_state import ProtectState
 from nodeguard.policy.ranking import Ranked
 from nodeguard.policy.restore import refill, restore
+from nodeguard.policy.selection import Choices
 from nodeguard.policy.settings import GuardSettings
 from nodeguard.policy.stall import ProtectedStall, ProtectedStalls
 from nodeguard.policy.state import Direction, GuardState, HeldBack, PendingEviction
@@ -74,6 +75,7 @@ class Plan:
     workloads: int
     candidates: int | None  # None when no action needed them
     state: GuardState  # for the next tick
+    choices: Choices | None = None  # every workload's role and the rule behind it (policy.selection), read lazily
 
     @property
     def protected(self) -> tuple[ProtectedStall, ...]:
@@ -152,4 +154,5 @@ def plan(snapshot: Snapshot, state: GuardState, guard: GuardSettings) -> Plan:
         workloads=len(ctx.workloads),
         candidates=ctx.candidate_count(),
         state=new_state,
+        choices=ctx.choices,
     )

@@ -6,9 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
+    Discriminator,
     Field,
     GetJsonSchemaHandler,
     PlainSerializer,
+    Tag,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -17,11 +19,12 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError
 
-from nodeguard.config_base import Model, cross_field
+from nodeguard.config_base import BRANCH, Model, cross_field
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.metrics import CAPABILITIES, Metric
 from nodeguard.policy.ranking import COMPARATORS
 from nodeguard.quantity import Quantity, Unit, parse_quantity
+from nodeguard.selectors import LabelSelector, Namespace, PodSelector
 
 ThresholdValue = Annotated[
     Quantity,
@@ -50,6 +53,23 @@ ComparatorName = Annotated[
 ]
 
 
+def _protect_branch(raw: object) -> str | None:
+    if isinstance(raw, str):
+        return f"{BRANCH}glob"
+    return f"{BRANCH}selector" if isinstance(raw, dict | PodSelector) else None
+
+
+# A glob on a workload's name or cgroup path, or a pod selector; errors name neither branch (config_base.BRANCH).
+ProtectEntry = Annotated[
+    Annotated[str, Tag(f"{BRANCH}glob")] | Annotated[PodSelector, Tag(f"{BRANCH}selector")],
+    Discriminator(
+        _protect_branch,
+        custom_error_type="protect_entry",
+        custom_error_message="expected a glob (a string) or a pod selector (an object)",
+    ),
+]
+
+
 class Objective(Model):
     """One waterline: act on workloads while a node metric is past a threshold."""
 
@@ -73,11 +93,12 @@ class Objective(Model):
     def _threshold(cls, raw: object, info: ValidationInfo) -> Quantity:
         return parse_quantity(raw, _unit(info))
 
-    protect: list[str] | None = Field(
+    protect: list[ProtectEntry] | None = Field(
         None,
         min_length=1,
-        description="protected_cpu_stall and protected_memory_stall only: the workloads it protects, as glob "
-        "patterns on their name or cgroup path; default: Guaranteed pods and groups configured protected",
+        description="protected_cpu_stall and protected_memory_stall only: the workloads it protects, each a glob "
+        'on the name (a pod\'s is "namespace/name") or the cgroup path, or a pod selector (`namespaces`, '
+        "`labelSelector`); default: Guaranteed pods and workloads protected otherwise",
     )
 
     @field_validator("action")
@@ -147,6 +168,27 @@ class Candidates(Model):
 
     classes: list[QosClass] = [QosClass.BEST_EFFORT, QosClass.BURSTABLE]
     below_priority: int | None = Field(None, description="only workloads with a lower priority")
+    namespaces: list[Namespace] | None = Field(
+        None, min_length=1, description="only pods in these namespaces (configured groups are no pods); default: any"
+    )
+    label_selector: LabelSelector | None = Field(
+        None, description="only pods whose labels it matches (configured groups are no pods); default: any"
+    )
+    pods_without_metadata: bool = Field(
+        False,
+        description="pods whose metadata nodeguard does not have (the Kubernetes integration off, or a pod the API "
+        "has not listed yet) may be candidates, by their cgroup's QoS class alone; risky: system-critical pods, "
+        "the nodeguard.io annotations and guard.exempt cannot be told apart without metadata, so a CNI agent or "
+        "CoreDNS is throttled like batch work",
+    )
+
+
+class Exempt(Model):
+    """Pods the guard never acts on, whatever else selects them (they may still be protected)."""
+
+    namespaces: list[Namespace] = Field(["kube-system"], description="pods in these namespaces")
+    own_namespace: bool = Field(True, description="pods in the namespace of nodeguard's own pod")
+    pods: list[PodSelector] = Field([], description="pods any of these selects")
 
 
 class EvictionBudget(Model):
@@ -254,6 +296,9 @@ class MemorySettings(Model):
 class GuardSettings(Model):
     objectives: list[Objective] = []
     candidates: Candidates = Candidates()
+    exempt: Exempt = Field(
+        Exempt(), description="pods never acted on: kube-system's and nodeguard's own namespace unless changed"
+    )
     min_quota_cores: float = Field(0.05, gt=0, le=100_000, description="a throttle never goes below this")
     restore_step_percent: float = Field(10.0, gt=0, le=100, description="largest quota increase per tick, % of node")
     target_margin_percent: float = Field(

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from typing import NamedTuple
 
 from nodeguard.model.snapshot import WorkloadUsage
-from nodeguard.model.workloads import QosClass, Workload
+from nodeguard.model.workloads import Workload
+from nodeguard.policy.selection import protected_for
+from nodeguard.policy.settings import ProtectEntry
 from nodeguard.policy.tuning import IDLE_CORES
 
 
@@ -31,12 +32,10 @@ class Stall(NamedTuple):
     share: float | None  # of the last tick, 0..1; None before it has a usage rate
 
 
-def is_protected(workload: Workload, patterns: tuple[str, ...]) -> bool:
-    """Protected for the stall objective: matched by one of its patterns (name or cgroup path), or, with no
-    pattern, a Guaranteed pod or a group configured ``protected``."""
-    if patterns:
-        return any(fnmatchcase(workload.name, p) or fnmatchcase(workload.id, p) for p in patterns)
-    return workload.protected or workload.qos_class is QosClass.GUARANTEED
+def is_protected(workload: Workload, patterns: tuple[ProtectEntry, ...]) -> bool:
+    """Protected for the stall objective: taken by one of its ``protect`` entries (a glob on the name or cgroup
+    path, or a pod selector), or, with none, a Guaranteed pod or a workload protected by what it is."""
+    return protected_for(workload, patterns)
 
 
 def stall_share(usage: WorkloadUsage) -> float | None:
@@ -53,7 +52,7 @@ def stall_share(usage: WorkloadUsage) -> float | None:
     return min(1.0, max(0.0, waited - own))
 
 
-def stalls(workloads: Mapping[str, WorkloadUsage], patterns: tuple[str, ...]) -> list[Stall]:
+def stalls(workloads: Mapping[str, WorkloadUsage], patterns: tuple[ProtectEntry, ...]) -> list[Stall]:
     """Each protected workload's stall."""
     return [Stall(u, stall_share(u)) for u in workloads.values() if is_protected(u.workload, patterns)]
 
@@ -119,7 +118,7 @@ class ProtectedStalls:
     """The protected workloads' stalls for one tick, worked out when first asked for: a tick that neither acts
     for them nor reports them does nothing per workload."""
 
-    def __init__(self, workloads: Mapping[str, WorkloadUsage], patterns: tuple[str, ...]) -> None:
+    def __init__(self, workloads: Mapping[str, WorkloadUsage], patterns: tuple[ProtectEntry, ...]) -> None:
         self._workloads = workloads
         self._patterns = patterns
         self._found: list[Stall] | None = None

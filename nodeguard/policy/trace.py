@@ -1,7 +1,8 @@
 """The decision trace: a whole plan as one JSON-able dict.
 
 It holds what the plan saw (node readings, waterlines), what it computed
-(gaps by direction, the candidate orders with their sort keys), what it
+(gaps by direction, the candidate orders with their sort keys, and which rule
+made each workload a candidate, protected, exempt or unselected), what it
 decided (actions with predicted releases) and what it did not do and why
 (blocked), and where protection stands (its phase, and since when). Sort
 keys are shown as the comparators compute them: lower sorts first, usages
@@ -24,6 +25,7 @@ from nodeguard.policy.metrics import Metric
 from nodeguard.policy.planner import Plan
 from nodeguard.policy.protect_state import ProtectState, QuotaTrial
 from nodeguard.policy.ranking import ordering
+from nodeguard.policy.selection import ROLE_ORDER, Choice, Role
 from nodeguard.policy.state import GuardState, HeldBack
 
 
@@ -64,12 +66,33 @@ def _key_part(part: object) -> object:
     return list(part) if isinstance(part, tuple) else part
 
 
-def _candidates(names: tuple[str, ...], shown: Sequence[WorkloadUsage]) -> list[dict[str, Any]]:
-    """The first candidates of an order, each with its sort key by comparator name."""
+def _candidates(
+    names: tuple[str, ...], shown: Sequence[WorkloadUsage], choices: Mapping[str, Choice] | None
+) -> list[dict[str, Any]]:
+    """The first candidates of an order, each with its sort key by comparator name and the rule that made it one."""
     order = ordering(names)
     return [
-        {"workload": usage.workload.id, "key": dict(zip(names, map(_key_part, order.key(usage)), strict=False))}
+        {
+            "workload": usage.workload.id,
+            "key": dict(zip(names, map(_key_part, order.key(usage)), strict=False)),
+            **({} if choices is None else {"rule": choices[usage.workload.id].rule}),
+        }
         for usage in shown
+    ]
+
+
+def _selection(choices: Mapping[str, Choice] | None, limit: int | None) -> list[dict[str, Any]]:
+    """The workloads by role and the rule that decided it (policy.selection), candidates first, each rule with how
+    many it decided and the first of them."""
+    if choices is None:
+        return []
+    groups: dict[tuple[Role, str], list[str]] = {}
+    for wid, choice in choices.items():
+        groups.setdefault((choice.role, choice.rule), []).append(wid)
+    ordered = sorted(groups.items(), key=lambda item: (ROLE_ORDER[item[0][0]], -len(item[1]), item[0][1]))
+    return [
+        {"role": str(role), "rule": rule, "count": len(ids), "workloads": sorted(ids)[:limit]}
+        for (role, rule), ids in ordered
     ]
 
 
@@ -177,8 +200,10 @@ def plan_to_data(plan: Plan, candidate_limit: int | None = None) -> dict[str, An
             "evict": {str(m): gap for m, gap in plan.gaps.evict.items()},
         },
         "candidates": {
-            ",".join(names): _candidates(names, ranked[:candidate_limit]) for names, ranked in plan.rankings.items()
+            ",".join(names): _candidates(names, ranked[:candidate_limit], plan.choices)
+            for names, ranked in plan.rankings.items()
         },
+        "selection": _selection(plan.choices, candidate_limit),
         "actions": [_action(action) for action in plan.actions if not _on_group(action)],
         "predicted_release": released,
         "blocked": [

@@ -17,7 +17,7 @@ from typing import Literal
 
 from nodeguard.model.snapshot import NodeUsage
 from nodeguard.policy.metrics import CAPABILITIES, Metric
-from nodeguard.policy.settings import Objective
+from nodeguard.policy.settings import Objective, ProtectEntry
 
 ActionKind = Literal["throttle", "evict"]
 
@@ -33,11 +33,20 @@ class Waterline:
     dry_run: bool
     sort_by: tuple[str, ...]
     objective: str  # the winning objective's name, or its place in the list
-    protect: tuple[str, ...] = ()  # protected_cpu_stall: who it protects (policy.stall); () the default
+    protect: tuple[ProtectEntry, ...] = ()  # the stall objectives: who they protect (policy.selection); () the default
 
     @property
     def quantified(self) -> bool:
         return CAPABILITIES[self.metric].quantified(self.action)
+
+
+def pooled(*lists: tuple[ProtectEntry, ...]) -> tuple[ProtectEntry, ...]:
+    """The entries of every list once, in order (a pod selector is no dict key: compared, not hashed)."""
+    found: list[ProtectEntry] = []
+    for entry in (e for entries in lists for e in entries):
+        if entry not in found:
+            found.append(entry)
+    return tuple(found)
 
 
 def resolve_waterlines(objectives: Sequence[Objective], node: NodeUsage) -> dict[tuple[Metric, ActionKind], Waterline]:
@@ -77,7 +86,7 @@ def resolve_waterlines(objectives: Sequence[Objective], node: NodeUsage) -> dict
             dry_run=winner.dry_run,
             sort_by=winner.sort_by,
             objective=winner.objective,
-            protect=tuple(dict.fromkeys(held.protect + line.protect)),
+            protect=pooled(held.protect, line.protect),
         )
     return lines
 

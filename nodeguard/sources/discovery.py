@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from nodeguard.log import get_logger
-from nodeguard.model.workloads import Container, QosClass, Workload, is_kubepods_top
+from nodeguard.model.workloads import OWN_WORKLOAD, Container, QosClass, Workload, is_kubepods_top
 from nodeguard.sources.settings import WorkloadGroup
 
 log = get_logger("nodeguard.discovery")
@@ -184,6 +184,7 @@ def containers_in(pod_rel: str, names: Iterable[str]) -> tuple[Container, ...]:
 
 
 def _pod(tree: str, rel: str, uid: str, qos: QosClass) -> Workload:
+    """A pod as its cgroup shows it: its UID and QoS class, no metadata (kubernetes.metadata lays that over)."""
     path = os.path.join(tree, rel)
     return Workload(
         id=rel,
@@ -193,6 +194,7 @@ def _pod(tree: str, rel: str, uid: str, qos: QosClass) -> Workload:
         pod_uid=uid,
         containers=containers_in(rel, (entry.name for entry in _subdirs(path))),
         started_at=_created(path),
+        metadata_known=False,
     )
 
 
@@ -227,7 +229,7 @@ def discover_pods(tree: str, tops: Sequence[str] | None = None) -> Iterator[Work
 def discover_groups(tree: str, groups: Iterable[WorkloadGroup]) -> Iterator[Workload]:
     """Configured workload groups: cgroup directories matching each glob."""
     prefix = tree.rstrip("/") + "/"
-    for group in groups:
+    for index, group in enumerate(groups):
         for path in sorted(glob.glob(prefix + group.match)):
             if not os.path.isdir(path) or os.path.islink(path):
                 continue
@@ -239,6 +241,7 @@ def discover_groups(tree: str, groups: Iterable[WorkloadGroup]) -> Iterator[Work
                 qos_class=group.class_,
                 priority=group.priority,
                 protected=group.protected,
+                protected_by=f"workloads.groups[{index}].protected" if group.protected else None,
                 started_at=_created(path),
             )
 
@@ -282,6 +285,6 @@ def protect_self(found: dict[str, Workload], own_path: str | None, own_pod_uid: 
     """Mark the workload nodeguard itself runs in as protected: it must never throttle or evict itself."""
     for wid, workload in found.items():
         inside = own_path is not None and (own_path == wid or own_path.startswith(wid + "/"))
-        if (inside or (own_pod_uid is not None and workload.pod_uid == own_pod_uid)) and not workload.protected:
-            found[wid] = dataclasses.replace(workload, protected=True)
+        if inside or (own_pod_uid is not None and workload.pod_uid == own_pod_uid):
+            found[wid] = dataclasses.replace(workload, protected=True, protected_by=OWN_WORKLOAD)
     return found

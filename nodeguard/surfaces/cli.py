@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from nodeguard.config import Settings
+    from nodeguard.model.snapshot import Snapshot
 
 # Only argparse at the top: each command imports what it runs, so `nodeguard oci-hook` (on every container
 # create) and `nodeguard admit` start about as fast as a bare interpreter (tests/test_imports.py, bench/startup.py).
@@ -217,7 +218,9 @@ def _parser() -> argparse.ArgumentParser:
         _plan_options,
         help="show what the guard would do now, without acting",
         description="Read the node twice, --interval apart, and show what the guard would do now: readings against "
-        "the waterlines, gaps, actions, blocked metrics and every candidate's sort keys. Changes nothing.",
+        "the waterlines, gaps, actions, blocked metrics, the rule that makes each workload a candidate, protected "
+        "or exempt, and every candidate's sort keys (with kubernetes.enabled, the node's pods are listed once for "
+        "their metadata). Changes nothing.",
     )
     commands.command(
         "demo",
@@ -378,12 +381,34 @@ def cmd_plan(args: argparse.Namespace) -> int:
         snapshot = what_if(sensor.sense(), overrides)
     finally:
         sensor.close()
+    if settings.kubernetes.enabled:
+        snapshot = _with_pod_metadata(snapshot, settings, args.node_name)
     result = plan(snapshot, GuardState.primed(), settings.guard)
     if args.json:
         print(json.dumps(plan_to_data(result)))
     else:
         print(render_plan(result))
     return EXIT_OK
+
+
+def _with_pod_metadata(snapshot: Snapshot, settings: Settings, node: str | None) -> Snapshot:
+    """The pods' metadata laid over the snapshot as the daemon lays it, from one list of this node's pods (a failed
+    list is logged: its pods are then left alone, as the daemon leaves them)."""
+    import asyncio
+
+    from nodeguard.kubernetes.integration import Kubernetes
+    from nodeguard.node_identity import node_name
+
+    kube = Kubernetes(settings.kubernetes, node or node_name(), dry_run=True)
+
+    async def listed() -> None:
+        try:
+            await kube.refresher.refresh_once()
+        finally:
+            await kube.aclose()
+
+    asyncio.run(listed())
+    return kube.enrich(snapshot)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:

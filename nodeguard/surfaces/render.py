@@ -184,7 +184,26 @@ def render_plan(plan: Plan, candidates_shown: int = 10) -> str:
         lines.append(
             f"not acting on {blocked['metric']} ({blocked['direction']}): {blocked['cause']}: {blocked['detail']}"
         )
+    if data["selection"]:
+        lines += ["", "what the guard may act on, and by which rule"]
+        lines.append(
+            table(
+                ["role", "rule", "workloads"],
+                [[g["role"], g["rule"], _some(g["workloads"], g["count"])] for g in data["selection"]],
+            )
+        )
     for names, ranked in data["candidates"].items():
         lines += ["", f"candidates by {names} (first acted on first)"]
-        lines.append(table(["workload", "sort key"], [[c["workload"], json.dumps(c["key"])] for c in ranked]))
+        lines.append(
+            table(
+                ["workload", "sort key", "rule"],
+                [[c["workload"], json.dumps(c["key"]), c.get("rule", "-")] for c in ranked],
+            )
+        )
     return "\n".join(lines)
+
+
+def _some(workloads: Sequence[str], count: int, shown: int = 3) -> str:
+    """A count of workloads and the first few of them."""
+    more = f", … {count - shown} more" if count > shown else ""
+    return f"{count}: " + ", ".join(workloads[:shown]) + more

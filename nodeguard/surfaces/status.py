@@ -64,6 +64,7 @@ def status_of(daemon: Daemon) -> dict[str, Any]:
             for wid, h in daemon.state.held_back.items()
             if h.until > time.monotonic()
         },
+        "warnings": [{"setting": setting, "message": message} for setting, message in daemon.warnings.items()],
         "health": daemon.health(),
         "gate": daemon.gate.status(),
         "coordination": daemon.coordination.status(),

@@ -58,6 +58,8 @@ def render(status: dict[str, Any]) -> Group:
     )
     problems = [f"{part}: {problem}" for part, problem in (status.get("health") or {}).items() if problem]
     head.add_row("[green]healthy[/]" if not problems else "[red]not ready:[/] " + "; ".join(problems), "", "", "")
+    for warning in status.get("warnings") or ():
+        head.add_row(f"[yellow]{warning['setting']}:[/] {warning['message']}", "", "", "")
     waterlines = Table(title="waterlines", expand=True)
     for column in ("metric", "action", "now", "waterline", "restore below", "gap"):
         waterlines.add_column(column)

@@ -104,7 +104,7 @@ def test_the_daemon_throttles_a_podman_burner_and_restores_both_limits_exactly(
                     "sensing": {"tickSeconds": 0.5, "kubepodsPaths": [f"{parent}/kubepods"]},
                     "guard": {"objectives": [
                         {"metric": "cpu_total_usage", "threshold": 0.3, "restoreBelow": 0.01, "action": "throttle"},
-                    ]},
+                    ], "candidates": {"podsWithoutMetadata": True}},  # no API server: no pod has metadata
                     "actuation": {"ledgerPath": str(tmp_path / "run" / "ledger.json")},
                     "http": {"listen": f"127.0.0.1:{port}"},
                     "gate": {"enabled": False},

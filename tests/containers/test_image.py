@@ -100,7 +100,7 @@ def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serve
     with kubepods_parent(podman) as (parent, names):
         config = configmap_config()
         assert config["global"]["sensing"]["cgroupRoot"] == "/host/sys/fs/cgroup"
-        # No API server here: without pod metadata the integration would leave every pod alone.
+        # No API server here: without pod metadata nodeguard leaves every pod alone, integration or not.
         assert config["global"]["kubernetes"]["enabled"] is True
         config["global"]["kubernetes"]["enabled"] = False
         config["perNode"].append({
@@ -108,7 +108,7 @@ def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serve
             "sensing": {"kubepodsPaths": [f"{parent}/kubepods"], "tickSeconds": 0.5},
             "guard": {"objectives": [
                 {"metric": "cpu_total_usage", "threshold": 0.3, "restoreBelow": 0.01, "action": "throttle"},
-            ]},
+            ], "candidates": {"podsWithoutMetadata": True}},  # so the config says pods may be acted on anyway
             # The host's network here (no pod network): loopback and a free port rather than 0.0.0.0:9466.
             "http": {"listen": f"127.0.0.1:{port}"},
         })  # fmt: skip

@@ -84,7 +84,8 @@ def config(
                         "tickSeconds": 0.3, "kubepodsPaths": [kubepods]},
             # The guard plans in dry-run: what it would put back stays held, so status and metrics see it.
             "guard": {"objectives": [{"metric": "cpu_total_utilization", "action": "throttle", "threshold": "90%",
-                                      "restoreBelow": "50%"}], "dryRun": True},
+                                      "restoreBelow": "50%"}], "dryRun": True,
+                      "candidates": {"podsWithoutMetadata": True}},  # no API server: no pod has metadata
             "actuation": {"ledgerPath": str(ledger), "onStart": on_start},
             "http": {"enabled": port is not None, "listen": f"127.0.0.1:{port or 0}"},
             "gate": {"enabled": False},

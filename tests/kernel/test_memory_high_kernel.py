@@ -115,7 +115,7 @@ def daemon_config(pod: rc.KubeletPod, ledger: Path, threshold: int | None, on_st
         "global": {
             "sensing": {"cgroupRoot": str(ROOT), "cgroupVersion": "v2", "tickSeconds": 0.3,
                         "kubepodsPaths": [f"{parent}/kubepods"]},
-            "guard": guard,
+            "guard": {**guard, "candidates": {"podsWithoutMetadata": True}},  # no API server: no pod has metadata
             "actuation": {"ledgerPath": str(ledger), "onStart": on_start},
             "http": {"enabled": False},
             "gate": {"enabled": False},

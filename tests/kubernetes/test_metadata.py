@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 import pytest
 
 from nodeguard.kubernetes.metadata import PodCache, enrich, parse_pod, parse_pod_list
-from nodeguard.model.workloads import QosClass
+from nodeguard.model.workloads import OWN_WORKLOAD, QosClass
 from nodeguard.policy.actions import Evict
 from nodeguard.policy.planner import plan
 from nodeguard.policy.state import GuardState
@@ -154,10 +155,34 @@ def test_protected_critical_and_held_pods_are_protected() -> None:
     )
     cache.hold(UID_C, 60.0, now=100.0)
     snap = snapshot([pod_usage(UID_A), pod_usage(UID_B), pod_usage(UID_C)], monotonic=120.0)
-    protected = {u.workload.pod_uid: u.workload.protected for u in enrich(snap, cache).snapshot.workloads.values()}
-    assert protected == {UID_A: True, UID_B: True, UID_C: True}
+    found = {u.workload.pod_uid: u.workload for u in enrich(snap, cache).snapshot.workloads.values()}
+    assert {uid: w.protected for uid, w in found.items()} == {UID_A: True, UID_B: True, UID_C: True}
+    assert {uid: w.protected_by for uid, w in found.items()} == {
+        UID_A: 'annotation nodeguard.io/protected: "true"',
+        UID_B: "priority class system-cluster-critical",
+        UID_C: "eviction refused (a PodDisruptionBudget, or the API): held back for a while",
+    }
     later = snapshot([pod_usage(UID_C)], monotonic=161.0)
     assert not next(iter(enrich(later, cache).snapshot.workloads.values())).workload.protected
+
+
+def test_enrich_carries_the_namespace_and_labels_and_keeps_what_protected_the_cgroup() -> None:
+    """The pod's namespace and labels reach its workload, for the guard's pod selectors; a workload protected
+    before (nodeguard's own pod) keeps that reason over the pod's annotation."""
+    own = pod_usage(UID_B)
+    own = own._replace(workload=replace(own.workload, protected=True, protected_by=OWN_WORKLOAD))
+    cache = cache_of(
+        pod("train-1", UID_A, namespace="batch", labels={"team": "ml", "app": "train"}),
+        pod("nodeguard-x", UID_B, namespace="nodeguard", annotations={"nodeguard.io/protected": "true"}),
+    )
+    found = {
+        u.workload.pod_uid: u.workload
+        for u in enrich(snapshot([pod_usage(UID_A), own]), cache).snapshot.workloads.values()
+    }
+    assert (found[UID_A].namespace, dict(found[UID_A].labels), found[UID_A].protected_by) == (
+        "batch", {"team": "ml", "app": "train"}, None,
+    )  # fmt: skip
+    assert (found[UID_B].namespace, found[UID_B].protected_by) == ("nodeguard", OWN_WORKLOAD)
 
 
 def test_memo_reuses_workloads_until_something_changes() -> None:

@@ -42,6 +42,7 @@ def test_trace_is_strict_json_with_every_part() -> None:
     assert cpu_order[0] == {
         "workload": "w9",
         "key": {"class_and_priority": [-2, -9], "cpu_usage": -1.0, "ext_cpu_usage": -1.0, "running_time": -1000.0},
+        "rule": "guard.candidates: class BestEffort",
     }
     assert [a["kind"] for a in data["actions"]] == ["throttle", "throttle", "evict"]
     assert data["actions"][0]["quota"] == {"quota_us": 5000, "period_us": 100000, "cores": 0.05}

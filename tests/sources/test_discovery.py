@@ -288,7 +288,18 @@ def test_configured_groups_by_glob(tmp_path: Path) -> None:
     assert set(found) == {"system.slice/batch-1.service", "system.slice/batch-2.service", "system.slice/sshd.service"}
     assert found["system.slice/batch-1.service"].priority == 5
     assert found["system.slice/sshd.service"].protected is True
+    assert found["system.slice/sshd.service"].protected_by == "workloads.groups[1].protected"
+    assert found["system.slice/batch-1.service"].protected_by is None
     assert found["system.slice/sshd.service"].qos_class is QosClass.GUARANTEED
+    assert all(w.metadata_known and w.namespace is None for w in found.values()), "a group has no pod metadata"
+
+
+def test_a_pod_found_by_its_cgroup_has_no_metadata(tmp_path: Path) -> None:
+    """A pod cgroup says only its UID and class: its workload is marked without metadata (never acted on unless
+    the config allows it), with no namespace and no labels."""
+    _mkdirs(tmp_path, f"kubepods/burstable/pod{UID_B}", f"kubepods/pod{UID_BE}")
+    found = discover(str(tmp_path), [])
+    assert [(w.metadata_known, w.namespace, dict(w.labels)) for w in found.values()] == [(False, None, {})] * 2
 
 
 def test_pods_win_over_groups_and_kubepods_can_be_off(tmp_path: Path) -> None:
@@ -354,6 +365,7 @@ def test_nodeguard_never_guards_itself(tmp_path: Path) -> None:
     assert not by_path[f"kubepods/burstable/pod{UID_B}"].protected
     by_uid = protect_self(discover(str(tmp_path), []), None, UID_B)
     assert by_uid[f"kubepods/burstable/pod{UID_B}"].protected
+    assert by_uid[f"kubepods/burstable/pod{UID_B}"].protected_by == "nodeguard itself"
     assert not by_uid[f"kubepods/besteffort/pod{UID_BE}"].protected
 
 

@@ -107,7 +107,12 @@ class ShapedNode:
                 rc.stop(proc)
 
     def config(self, ledger: Path, objectives: list[dict[str, Any]], **guard: Any) -> dict[str, Any]:
-        """``nodeguard run``'s config for this node: the objectives, guard settings, the ledger; no HTTP, no gate."""
+        """``nodeguard run``'s config for this node: the objectives, guard settings, the ledger; no HTTP, no gate.
+
+        No API server runs here: a kubelet-shaped node's pods have no metadata, and the config says explicitly
+        that they may be acted on anyway (``guard.candidates.podsWithoutMetadata``)."""
+        if "kubepodsPaths" in self.sensing:
+            guard["candidates"] = {"podsWithoutMetadata": True, **guard.get("candidates", {})}
         return {
             "global": {
                 "sensing": {"cgroupRoot": str(rc.CGROUP_ROOT), "cgroupVersion": self.hierarchy.version,
