@@ -24,6 +24,7 @@ from nodeguard.policy.metrics import Metric
 from nodeguard.policy.protect import StallSeen, judge, observe, on_trial, settled, step, weighed, weights_may_return
 from nodeguard.policy.ranking import Ranked
 from nodeguard.policy.restore import raise_quotas
+from nodeguard.policy.selection import Role
 from nodeguard.policy.stall import competing_demand, competing_group, covers
 from nodeguard.policy.state import Direction
 from nodeguard.policy.throttle import emit_throttle, lower
@@ -163,8 +164,10 @@ def _weights_back(ctx: PlanContext, draft: Draft, line: Waterline | None, below:
 
 def _lowerable(ctx: PlanContext, lowered: Mapping[str, LoweredWeight], ranked: Ranked) -> dict[str, tuple[str, ...]]:
     """Every group that competes with the most stalled protected workload and holds an active candidate
-    (never a group holding a protected workload), with those candidates."""
+    (never a group holding a protected or exempt workload: a QoS tier's weight holds back every pod in it, a CNI
+    agent or CoreDNS too), with those candidates."""
     protected = [s.usage.workload.id for s in ctx.stalls.all()]
+    protected += [wid for wid, choice in ctx.choices.items() if choice.role in (Role.PROTECTED, Role.EXEMPT)]
     target = _target(ctx)
     if target is None:
         return {}  # a what-if with nothing protected on the node: nobody to weigh against

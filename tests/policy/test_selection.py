@@ -205,3 +205,24 @@ def test_a_stall_objective_protects_pods_by_selector_and_measures_their_stall(no
     assert p.choices is not None
     [etl] = [wid for wid, u in zip(p.choices, node, strict=True) if u.workload.name == "batch/etl-1"]
     assert p.choices[etl] == Choice(Role.PROTECTED, "protected_cpu_stall protect namespaces batch; labels team=data")
+
+
+def test_a_tier_holding_an_exempt_pod_keeps_its_weight() -> None:
+    """The weight lever never lowers a QoS tier that holds an exempt pod (a kube-system pod in the Burstable tier):
+    the tier's weight would hold it back too. The BestEffort tier beside it, only batch work, comes down."""
+    guaranteed = pod("important", qos=QosClass.GUARANTEED)
+    guaranteed = guaranteed._replace(cores=0.4, waiting_cores=0.3, starved_cores=0.0)
+    coredns = pod("coredns", "kube-system")._replace(cores=0.2, waiting_cores=0.1, starved_cores=0.1)
+    burners = [
+        pod(f"b{i}", qos=qos)._replace(cores=0.8, waiting_cores=0.7, starved_cores=0.7)
+        for i, qos in enumerate([QosClass.BURSTABLE, QosClass.BEST_EFFORT])
+    ]
+    p = plan(
+        snapshot([guaranteed, coredns, *burners], cpus=2, cores_used=2.0),
+        GuardState(),
+        guard({**STALL, "triggerAfter": 1}),
+    )
+    lowered = {c.group for c in p.changes if c.kind == "reweigh" and c.holds_back}
+    tiers = {w.workload.id.rsplit("/", 1)[0] for w in burners}
+    burstable = coredns.workload.id.rsplit("/", 1)[0]
+    assert lowered == tiers - {burstable}, lowered
