@@ -198,12 +198,13 @@ class PlanContext:
         """The workloads that may be held back: chosen as candidates (policy.selection), neither asked to leave
         (before this tick) nor held back after a refused write."""
         if self._candidates is None:
-            choices = self.choices
+            roles = self.choices.roles()
             pending = self.evictions
+            candidate = Role.CANDIDATE
             self._candidates = [
                 u
                 for wid, u in self.workloads.items()
-                if choices[wid].role is Role.CANDIDATE and wid not in pending and wid not in self.holding
+                if roles[wid] is candidate and wid not in pending and wid not in self.holding
             ]
         return self._candidates
 

@@ -167,7 +167,7 @@ def _lowerable(ctx: PlanContext, lowered: Mapping[str, LoweredWeight], ranked: R
     (never a group holding a protected or exempt workload: a QoS tier's weight holds back every pod in it, a CNI
     agent or CoreDNS too), with those candidates."""
     protected = [s.usage.workload.id for s in ctx.stalls.all()]
-    protected += [wid for wid, choice in ctx.choices.items() if choice.role in (Role.PROTECTED, Role.EXEMPT)]
+    protected += [wid for wid, role in ctx.choices.roles().items() if role in (Role.PROTECTED, Role.EXEMPT)]
     target = _target(ctx)
     if target is None:
         return {}  # a what-if with nothing protected on the node: nobody to weigh against

@@ -99,8 +99,38 @@ class Selection:
         self.stall_protect = stall_protect  # () when the protected_cpu_stall objective protects by default
         self.memory_protect = memory_protect  # None without a protected_memory_stall objective
         self.own = own if guard.exempt.own_namespace else None
+        # For ``role``, what every workload is checked against, resolved once.
+        self._without_metadata = guard.candidates.pods_without_metadata
+        self._exempt_namespaces = frozenset(guard.exempt.namespaces) | ({self.own} if self.own else frozenset())
+        self._exempt_pods = tuple(guard.exempt.pods)
+        self._namespaces = None if guard.candidates.namespaces is None else frozenset(guard.candidates.namespaces)
+        self._labels = guard.candidates.label_selector
+
+    def role(self, workload: Workload) -> Role:
+        """``choose(workload).role``, without the words: what a plan asks of every workload each tick."""
+        if workload.protected or (self.stall_protect and any(selects(workload, e) for e in self.stall_protect)):
+            return Role.PROTECTED
+        if self.memory_protect is not None and protected_for(workload, self.memory_protect):
+            return Role.PROTECTED
+        if not workload.metadata_known and not self._without_metadata:
+            return Role.EXEMPT
+        if workload.kind == "pod":
+            namespace = workload.namespace
+            if namespace in self._exempt_namespaces or (
+                self._exempt_pods and any(s.matches(namespace, workload.labels) for s in self._exempt_pods)
+            ):
+                return Role.EXEMPT
+            if (self._namespaces is not None and namespace not in self._namespaces) or (
+                self._labels is not None and not self._labels.matches(workload.labels)
+            ):
+                return Role.UNSELECTED
+        if workload.qos_class not in self.classes:
+            return Role.UNSELECTED
+        below = self.candidates.below_priority
+        return Role.UNSELECTED if below is not None and workload.priority >= below else Role.CANDIDATE
 
     def choose(self, workload: Workload) -> Choice:
+        """The workload's role and the rule that decided it, in words (the trace's)."""
         if workload.protected:
             return Choice(Role.PROTECTED, workload.protected_by or "protected")
         for entry in self.stall_protect:
@@ -177,11 +207,25 @@ class Choices(Mapping[str, Choice]):
     ) -> None:
         self._workloads = workloads
         self._rules = (guard, stall_protect, memory_protect)
+        self._selection: Selection | None = None
+        self._roles: dict[str, Role] | None = None
         self._found: dict[str, Choice] | None = None
+
+    def _select(self) -> Selection:
+        if self._selection is None:
+            self._selection = Selection(*self._rules, own_namespace(self._workloads))
+        return self._selection
+
+    def roles(self) -> Mapping[str, Role]:
+        """Every workload's role, without the rules' words (worked out once, when first asked)."""
+        if self._roles is None:
+            role = self._select().role
+            self._roles = {wid: role(u.workload) for wid, u in self._workloads.items()}
+        return self._roles
 
     def _all(self) -> dict[str, Choice]:
         if self._found is None:
-            choose = Selection(*self._rules, own_namespace(self._workloads)).choose
+            choose = self._select().choose
             self._found = {wid: choose(u.workload) for wid, u in self._workloads.items()}
         return self._found
 

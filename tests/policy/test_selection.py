@@ -226,3 +226,49 @@ def test_a_tier_holding_an_exempt_pod_keeps_its_weight() -> None:
     tiers = {w.workload.id.rsplit("/", 1)[0] for w in burners}
     burstable = coredns.workload.id.rsplit("/", 1)[0]
     assert lowered == tiers - {burstable}, lowered
+
+
+def test_the_fast_role_is_the_role_of_the_worded_choice() -> None:
+    """``Selection.role``, what each tick asks of every workload, agrees with ``choose`` (the trace's words) over
+    every mix of kind, metadata, namespace, labels, class, priority and protection, under several configs."""
+    import itertools
+
+    from nodeguard.model.workloads import Workload
+
+    configs: list[dict[str, Any]] = [
+        {},
+        {"candidates": {"podsWithoutMetadata": True, "belowPriority": 100}},
+        {"candidates": {"namespaces": ["batch"], "labelSelector": {"matchLabels": {"tier": "batch"}}}},
+        {"exempt": {"namespaces": [], "ownNamespace": False,
+                    "pods": [{"labelSelector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web"]}]}}]}},
+        {"candidates": {"classes": ["BestEffort"]}, "exempt": {"namespaces": ["batch"]}},
+    ]  # fmt: skip
+    web = {"namespaces": ["batch"], "labelSelector": {"matchLabels": {"tier": "web"}}}
+    objectives = [(), ({**STALL, "protect": ["web*", web]},)]
+    mixes = itertools.product(
+        ["pod", "group"], [True, False], [None, "kube-system", "batch", "nodeguard"],
+        [{}, {"tier": "batch"}, {"tier": "web"}], list(QosClass), [0, 500], [False, True], ["webapp", "batch-1"],
+    )  # fmt: skip
+    workloads = [
+        Workload(
+            id=f"kp/{name}",
+            name=name,
+            kind=kind,
+            qos_class=qos,
+            priority=priority,
+            protected=protected,
+            metadata_known=known,
+            namespace=namespace,
+            labels=labels,
+        )  # fmt: skip
+        for kind, known, namespace, labels, qos, priority, protected, name in mixes
+    ]
+    checked = 0
+    for config, objective in itertools.product(configs, objectives):
+        rules = guard(*objective, **config)
+        protect = tuple(rules.objectives[0].protect or ()) if objective else ()
+        selection = Selection(rules, protect, None, "nodeguard")
+        for workload in workloads:
+            assert selection.role(workload) is selection.choose(workload).role, (config, objective, workload)
+            checked += 1
+    assert checked == len(configs) * len(objectives) * len(workloads) > 3000
