@@ -260,7 +260,7 @@ def test_the_fast_role_is_the_role_of_the_worded_choice() -> None:
             metadata_known=known,
             namespace=namespace,
             labels=labels,
-        )  # fmt: skip
+        )
         for kind, known, namespace, labels, qos, priority, protected, name in mixes
     ]
     checked = 0
