@@ -354,7 +354,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = Metrics(daemon.view)
     daemon.on_tick.append(metrics.tick_duration.observe)
     daemon.gate.on_admission = metrics.gate_wait.observe
-    http = HttpServer(metrics.registry, daemon.health, lambda: status_of(daemon))
+    http = HttpServer(metrics.registry, daemon.health, lambda: status_of(daemon), daemon.waiting)
     return asyncio.run(daemon.run(serve=http.start))
 
 
