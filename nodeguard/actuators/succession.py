@@ -115,6 +115,7 @@ class Succession:
             fcntl.flock(ledger, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(ledger)
+            self._mark_now()
             return False
         try:
             self._node = lock_node(self.root, self.proc_root)
@@ -124,13 +125,27 @@ class Succession:
         self._ledger = ledger
         return True
 
+    def _mark_now(self) -> None:
+        """Take this daemon's place as the successor at once when nobody waits before it (else ``wait`` queues):
+        from here on, a stop of the holder hands over to it."""
+        try:
+            mark = open_lock_file(self.path(SUCCESSOR_SUFFIX), 0o600)
+        except OSError:
+            return  # ``wait`` says why
+        try:
+            fcntl.flock(mark, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(mark)
+        else:
+            self._mark = mark
+
     async def wait(self, stopping: asyncio.Event) -> bool:
         """Wait for the node: True once this daemon holds it; False when ``stopping`` came first (nothing held).
 
         NodeBusy if another nodeguard took the node in the moment between; OSError if the files cannot be opened.
         """
-        waiter = _Waiter(self.path(SUCCESSOR_SUFFIX), self.path(LOCK_SUFFIX), asyncio.get_running_loop())
-        self._waiter = waiter
+        waiter = _Waiter(self._mark, self.path(SUCCESSOR_SUFFIX), self.path(LOCK_SUFFIX), asyncio.get_running_loop())
+        self._mark, self._waiter = None, waiter  # the waiter's now
         waiter.start()
         stop: asyncio.Future[Any] = asyncio.ensure_future(stopping.wait())
         either: set[asyncio.Future[Any]] = {waiter.done, stop}
@@ -267,11 +282,12 @@ class Succession:
 
 
 class _Waiter:
-    """A thread blocked in ``flock``: on ``<ledger>.successor`` (behind another successor), then on
-    ``<ledger>.lock``. It cannot be interrupted: abandoned, it lets go of what it gets as soon as it gets it."""
+    """A thread blocked in ``flock``: on ``<ledger>.successor`` unless it holds it already (behind another
+    successor), then on ``<ledger>.lock``. It cannot be interrupted: abandoned, it lets go of what it gets as
+    soon as it gets it."""
 
-    def __init__(self, mark_path: str, lock_path: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.mark_path, self.lock_path = mark_path, lock_path
+    def __init__(self, mark: int | None, mark_path: str, lock_path: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.mark, self.mark_path, self.lock_path = mark, mark_path, lock_path
         self.loop = loop
         self.done: asyncio.Future[None] = loop.create_future()
         self._mutex = threading.Lock()
@@ -284,8 +300,11 @@ class _Waiter:
     def _run(self) -> None:
         held: list[int] = []
         try:
-            held.append(open_lock_file(self.mark_path, 0o600))
-            fcntl.flock(held[0], fcntl.LOCK_EX)
+            if self.mark is None:
+                held.append(open_lock_file(self.mark_path, 0o600))
+                fcntl.flock(held[0], fcntl.LOCK_EX)
+            else:
+                held.append(self.mark)
             held.append(open_lock_file(self.lock_path, 0o600))
             fcntl.flock(held[1], fcntl.LOCK_EX)
         except BaseException as exc:

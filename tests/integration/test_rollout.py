@@ -9,7 +9,9 @@ ledger, each in a directory of its own.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import signal
 import threading
 import time
@@ -117,6 +119,17 @@ def came_up(daemon: DaemonProcess) -> bool:
     return True
 
 
+def can_lock(path: Path) -> bool:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def logged(daemon: DaemonProcess, event: str) -> bool:
     return any(e.get("event") == event for e in daemon.events())
 
@@ -174,6 +187,7 @@ def test_a_successor_waits_not_ready_and_adopts_the_holds_when_the_old_daemon_st
     assert old.proc is not None and new.proc is not None
     time.sleep(2.0)  # waiting a while: it says so once, not on every look at the lock
     assert events(new).count(WAITING) == 1 and "tick" not in events(new)
+    assert not can_lock(Path(f"{daemons.ledger}.successor")), "a successor that says it waits holds its place"
     code, body = get(f"http://{listen}/readyz")
     assert code == 503 and f"pid {old.proc.pid}" in body and "waiting for the node lock" in body, body
     assert get(f"http://{listen}/healthz")[0] == 200
