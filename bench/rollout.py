@@ -45,6 +45,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import statistics
 import sys
@@ -56,6 +57,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -73,6 +76,7 @@ from bench.protect import (  # noqa: E402
     load,
 )
 from nodeguard.actuators.ledger import Ledger  # noqa: E402
+from nodeguard.model.samples import CpuMax  # noqa: E402
 from tests import realcgroups as rc  # noqa: E402
 from tests.containers.runtime import wait_for_the_node  # noqa: E402
 from tests.daemon_proc import DaemonProcess  # noqa: E402
@@ -189,19 +193,23 @@ class Rollout:
     objective: dict[str, Any]
     workdir: Path
     args: argparse.Namespace
+    wrapper: list[str] = field(default_factory=list)  # how each daemon is exec'd: into its pod's cgroup
     handovers_ms: list[float] = field(default_factory=list)
     adopted: int = 0
+    began: list[float] = field(default_factory=list)  # monotonic: each restart's first step
+    start_cpu_s: list[float] = field(default_factory=list)  # each new daemon's CPU from exec to its first tick
 
     def first(self) -> DaemonProcess:
         config = daemon_config(self.node, self.objective, self.workdir, "127.0.0.1:0", self.args.tick)
         config["global"]["http"] = {"enabled": False}
-        daemon = DaemonProcess(config, self.workdir).start()
+        daemon = DaemonProcess(config, self.workdir, wrapper=self.wrapper).start()
         until(daemon, lambda: first_tick_wall(daemon) is not None, 60, "the first daemon's first tick")
         return daemon
 
     def restart(self, strategy: str, old: DaemonProcess) -> DaemonProcess:
         """The next daemon in, the old one out, by ``strategy``; the handover time recorded."""
         new = old.successor()
+        self.began.append(time.monotonic())
         if strategy == "surge":
             new.start()
             until(new, lambda: logged(new, WAITING), 60, "the successor waiting")
@@ -217,20 +225,50 @@ class Rollout:
             new.start()
         until(new, lambda: first_tick_wall(new) is not None, 60, "the successor's first tick")
         tick = first_tick_wall(new)
-        assert tick is not None
+        assert tick is not None and new.proc is not None
         self.handovers_ms.append(round(1000 * (tick - stopped), 1))
+        with contextlib.suppress(psutil.Error):
+            self.start_cpu_s.append(round(sum(psutil.Process(new.proc.pid).cpu_times()[:2]), 2))
         self.adopted += logged(new, ADOPTED)
         return new
 
 
+def confined(dirs: list[Path]) -> list[str]:
+    """A wrapper that moves itself into ``dirs`` and execs the daemon there, as a container starts in its pod."""
+    moves = "".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}; " for d in dirs)
+    return ["sh", "-c", moves + 'exec "$@"', "sh"]
+
+
+@contextlib.contextmanager
+def nodeguard_pod(node: Node, unconfined: bool) -> Iterator[list[str]]:
+    """The daemons' cgroup, as the DaemonSet's Guaranteed pod has it (500m: cpu.shares 512, a 50 ms quota per
+    100 ms), beside the node's kubepods so that discovery does not take it for a workload; the wrapper that puts
+    each daemon in it. ``unconfined``: no group, the daemons run in the bench's own cgroup."""
+    if unconfined:
+        yield []
+        return
+    rel = f"{node.parent}/nodeguard"
+    with node.hierarchy.groups(rel):
+        node.hierarchy.set_shares(rel, 512)
+        node.hierarchy.set_limit(rel, CpuMax(50000, 100000))
+        yield confined(node.hierarchy.dirs(rel))
+
+
 def run_one(node: Node, objective: str, strategy: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The steady phase, the rollout and the uninstall of one strategy on one objective's node."""
+    with nodeguard_pod(node, args.unconfined) as wrapper:
+        return guarded_run(node, objective, strategy, workdir, args, wrapper=wrapper)
+
+
+def guarded_run(
+    node: Node, objective: str, strategy: str, workdir: Path, args: argparse.Namespace, *, wrapper: list[str]
+) -> dict[str, Any]:
     originals = record_originals(node)
     node.start_burners()
     time.sleep(1.0)  # the burners reach their share before anything acts
     probe_out = workdir / "probe.txt"
     probe = start_probe(probe_out, CPU_UNITS, *node.hierarchy.dirs(node.protected.inner))
-    rollout = Rollout(node, OBJECTIVES[objective], workdir, args)
+    rollout = Rollout(node, OBJECTIVES[objective], workdir, args, wrapper)
     seconds = BusySeconds()
     daemon: DaemonProcess | None = None
     try:
@@ -275,7 +313,31 @@ def run_one(node: Node, objective: str, strategy: str, workdir: Path, args: argp
         "left_after_uninstall": len(left) + len(list(ledger)),
         **({"left": left} if left else {}),
         "uninstall_exit": uninstall_exit,
+        **where_in_the_restarts(rollout, seconds, text, p99s["steady"], args.spacing),
     }  # fmt: skip
+
+
+def where_in_the_restarts(
+    rollout: Rollout, seconds: BusySeconds, text: str, steady_p99: float | None, spacing: float
+) -> dict[str, Any]:
+    """Where in each restart's slot the rollout's exposure falls: the windows over the waterline by their start,
+    seconds after the restart's first step, and per second of the slot the probe's units later than the steady
+    p99 (summed over the restarts); beside them each new daemon's CPU from exec to its first tick."""
+    offsets = []
+    for at, pct in seconds.windows:
+        before = [b for b in rollout.began if b <= at < b + spacing]
+        if before and pct > WATERLINE_PCT:
+            offsets.append(round(at - before[-1], 1))
+    late = [0] * max(1, round(spacing))
+    for began in rollout.began:
+        for k in range(len(late)):
+            units = probe_lateness(text, round((began + k) * 1e6), round((began + k + 1) * 1e6))
+            late[k] += sum(steady_p99 is not None and u > steady_p99 for u in units)
+    return {
+        "over_waterline_s_into_restart": sorted(offsets),
+        "late_units_by_second_of_restart": late,
+        "new_daemon_start_cpu_s": statistics.median(rollout.start_cpu_s) if rollout.start_cpu_s else None,
+    }
 
 
 def measured(
@@ -324,6 +386,12 @@ def main() -> int:
     )
     parser.add_argument("--warmup", type=float, default=10.0, help="seconds from the first tick to the steady window")
     parser.add_argument("--tick", type=float, default=DAEMON_TICK, help="the daemons' tickSeconds (default 1 s)")
+    parser.add_argument("--keep", metavar="DIR", help="keep the daemons' logs, ledgers and probe output in DIR")
+    parser.add_argument(
+        "--unconfined",
+        action="store_true",
+        help="run the daemons in this script's cgroup, not in a 500m group as the DaemonSet's pod",
+    )
     parser.add_argument("--objective", action="append", choices=list(OBJECTIVES), help="default: both")
     parser.add_argument("--strategy", action="append", choices=list(STRATEGIES), help="default: both")
     parser.add_argument(
@@ -343,7 +411,8 @@ def main() -> int:
                               "restarts": args.restarts, "spacing_s": args.spacing, "steady_s": args.steady,
                               "load_before": load()}  # fmt: skip
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="ngrollout-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="ngrollout-"))
         for strategy in args.strategy or STRATEGIES:
             for objective in args.objective or list(OBJECTIVES):
                 found = measured(hierarchy, objective, strategy, Path(tmp) / f"{strategy}-{objective}", args)
