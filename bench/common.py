@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 
+from tests.containers.runtime import wait_for_the_node
 from tests.kernel.vm import IN_VM, run_in_vm, vm_available
 from tests.support import cgroups as rc
 from tests.support.broker import Broker
@@ -47,6 +48,7 @@ __all__ = [
     "start_probe",
     "stop_cleanly_on_sigterm",
     "vm_available",
+    "wait_for_the_node",
 ]
 
 

@@ -657,6 +657,16 @@ def load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def host_v1() -> rc.Hierarchy | str:
+    """This host's cgroup v1 cpu and cpuacct hierarchies, or why there are none."""
+    reason = rc.why_no_v1_cpu()
+    if reason:
+        return reason
+    cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
+    assert cpu is not None and cpuacct is not None
+    return rc.Hierarchy("v1", [cpu] if cpu == cpuacct else [cpu, cpuacct])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window per strategy (levers: 12)")
@@ -693,13 +703,11 @@ def main() -> int:
             return 1
         hierarchy = rc.v2_cpu_hierarchy()
     else:
-        reason = rc.why_no_v1_cpu()
-        if reason:
-            print(json.dumps({"error": reason}))
+        found = host_v1()
+        if isinstance(found, str):
+            print(json.dumps({"error": found}))
             return 1
-        cpu, cpuacct = rc.v1_hierarchy("cpu"), rc.v1_hierarchy("cpuacct")
-        assert cpu is not None and cpuacct is not None
-        hierarchy = rc.Hierarchy("v1", [cpu] if cpu == cpuacct else [cpu, cpuacct])
+        hierarchy = found
     result = run(args, hierarchy)
     if args.levers:
         print_table(result)

@@ -1,8 +1,11 @@
 """The daemon: wiring, the tick loop (sense -> plan -> act -> record), signals and reload.
 
 Everything runs in one asyncio TaskGroup of named tasks. SIGTERM and SIGINT
-stop it (restoring every throttle unless told to keep them), SIGHUP reloads
-the config: a bad file keeps the old settings running and logs every error.
+stop it: it hands every hold over to a successor that waits for the node (a
+rolling update), or else restores them (unless told to keep them). SIGHUP
+reloads the config: a bad file keeps the old settings running and logs every
+error. A daemon that finds its predecessor on the node waits for it, serving
+HTTP (not ready), and takes over when it stops (actuators/succession.py).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
 from nodeguard.actuators.changes import Done
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Executor
-from nodeguard.actuators.ledger import Ledger, LeverRecord
+from nodeguard.actuators.ledger import Ledger, LedgerUnsaved, LeverRecord
 from nodeguard.actuators.levers.base import Lever
-from nodeguard.actuators.node_lock import hold_node
+from nodeguard.actuators.node_lock import NodeBusy
+from nodeguard.actuators.succession import Succession, Taken
 from nodeguard.config import Document, Settings, load_document
 from nodeguard.coordination.switch import coordination_service
 from nodeguard.early_signals import EARLY, STOPS
@@ -55,6 +59,9 @@ STALE_TICKS, STALE_SECONDS = 10, 30.0
 # Descriptors: the soft limit is raised to the hard one (systemd and container runtimes leave the soft one
 # at 1024), up to this; client connections are capped far below it (gate.maxConnections, HTTP's cap).
 WANTED_OPEN_FILES = 65_536
+# How long a daemon that handed its holds over waits for its successor to take the node before it exits anyway
+# (the ledger and the note stay for it): well inside a pod's terminationGracePeriodSeconds.
+HANDOVER_SECONDS = 10.0
 
 
 def raise_open_file_limit(wanted: int = WANTED_OPEN_FILES) -> tuple[int, int]:
@@ -203,12 +210,16 @@ class Daemon:
             self.kube = Kubernetes(self.settings.kubernetes, node or node_name(), dry_run=actuation.dry_run)
             # Even with evictVia cgroup: it refuses system-critical pods and pods without metadata.
             self.evictor = self.kube.evictor(self.evictor)
-        # One nodeguard acts on a node at a time, whatever its paths: hold the node for life.
+        # One nodeguard acts on a node at a time, whatever its paths: hold the node for life, or wait for the
+        # daemon on this ledger that holds it (its successor: a rolling update's new pod). NodeBusy otherwise.
         # A dry run writes nothing and may watch beside the one that acts.
-        self._lock = contextlib.ExitStack()
+        self.succession: Succession | None = None
+        holding = True
         if not actuation.dry_run:
-            self._lock.enter_context(hold_node(self.writer.root, self.settings.sensing.proc_root))
-        self.ledger = Ledger.load(actuation.ledger_path)
+            self.succession = Succession(self.writer.root, actuation.ledger_path, self.settings.sensing.proc_root)
+            holding = self.succession.claim()
+        # A successor reads the ledger once it holds the node: its predecessor saves it when it stops.
+        self.ledger = Ledger.load(actuation.ledger_path) if holding else Ledger(actuation.ledger_path)
         self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn)
         self.coordination = coordination_service(self.settings.coordination, node or node_name())
         self.gate = gate_service(
@@ -233,12 +244,18 @@ class Daemon:
     # --- lifecycle ----------------------------------------------------------------
 
     def start(self) -> None:
-        """Reconcile the ledger (every lever's records) with the kernel before the first tick."""
+        """Reconcile the ledger (every lever's records) with the kernel before the first tick: a predecessor's
+        handover is adopted, whatever onStart says (the records are still this node's guard's)."""
         say_memory_lever(self.settings, self.sensor.layout.version, MEMORY_HIGH.name in self.levers)
+        handover = None if self.succession is None else self.succession.handover()
         if self.ledger.set_aside:
             log.error("ledger was corrupt; restoring only what can be proven", kept_as=self.ledger.set_aside)
         if self.ledger.rejected:
             log.error("ledger records failed their checks; the rest is restored", kept_as=self.ledger.rejected)
+        if handover is not None:
+            self.state = outcome.adopted(self.executor.adopt(), time.monotonic())
+            log.info("adopted the predecessor's holds", predecessor=handover.pid, **held_counts(self.ledger))
+            return
         if not self.ledger:
             return
         if self.settings.actuation.on_start == "adopt":
@@ -249,7 +266,15 @@ class Daemon:
             log.info("restored the ledger's records", **{k.value: len(v) for k, v in outcomes.items()})
 
     def stop(self) -> None:
-        self.notifier.notify("STOPPING=1", "STATUS=restoring and stopping")
+        """Hand every hold over to a successor that waits; else restore them (or keep them, as onExit says)."""
+        if self._waits():
+            self.close()
+            log.info("stopped while waiting for the node; touched nothing")
+            return
+        self.notifier.notify("STOPPING=1", "STATUS=stopping")
+        if self.succession is not None and self.succession.successor_waits() and self._hand_over(self.succession):
+            self.close()
+            return
         if self.settings.actuation.on_exit == "restore":
             outcomes = self.executor.restore_everything()
             log.info("restored every lever on exit", **{k.value: len(v) for k, v in outcomes.items()})
@@ -258,9 +283,62 @@ class Daemon:
             log.info("keeping every lever's values on exit", **held_counts(self.ledger))
         self.close()
 
+    def _hand_over(self, succession: Succession) -> bool:
+        """Leave every hold to the successor that waits; False when this daemon holds the node still (or again,
+        its successor gone before it took the node) and gives back instead."""
+        try:
+            self.ledger.save()
+            succession.hand_over()
+        except (LedgerUnsaved, OSError) as exc:
+            log.error("cannot hand over to the waiting successor; giving back instead", error=str(exc))
+            return False
+        started = time.monotonic()
+        taken = succession.taken(HANDOVER_SECONDS)
+        took_ms = round(1000 * (time.monotonic() - started), 1)
+        if taken is Taken.BACK:
+            log.warning("the successor went away before taking the node; giving back", waited_ms=took_ms)
+            return False
+        if taken is Taken.LEFT:
+            log.warning("the successor has not taken the node; the ledger waits for the next start",
+                        waited_ms=took_ms, **held_counts(self.ledger))  # fmt: skip
+        else:
+            log.info("handed every hold over to the successor", took_ms=took_ms, **held_counts(self.ledger))
+        return True
+
     def close(self) -> None:
         self.sensor.close()
-        self._lock.close()
+        if self.succession is not None:
+            self.succession.release()
+
+    def _waits(self) -> bool:
+        return self.succession is not None and self.succession.handovers and not self.succession.holding
+
+    def waiting(self) -> str | None:
+        """While this daemon waits for its predecessor to let the node go: what /readyz says; else None."""
+        if self.succession is None or not self._waits():
+            return None
+        return f"waiting for the node lock: {self.succession.holder()} holds it"
+
+    async def _wait_for_node(self, succession: Succession) -> int | None:
+        """Wait until the predecessor lets the node go (None: held, the ledger read now), or the exit code: 0 for
+        a stop that came first, 1 when the node cannot be had."""
+        holder = succession.holder()
+        log.info("waiting to take the node over when the nodeguard that holds it stops", holder=holder)
+        self.notifier.notify(f"STATUS=waiting for the node lock: {holder} holds it")
+        started = time.monotonic()
+        try:
+            if not await succession.wait(self.stopping):
+                return 0
+        except NodeBusy as exc:
+            log.error("not starting: refusing to act beside another nodeguard", error=str(exc))
+            return 1
+        except OSError as exc:
+            log.error("not starting: cannot wait for the node", error=str(exc))
+            return 1
+        self.ledger = Ledger.load(self.settings.actuation.ledger_path)
+        self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn)
+        log.info("holding the node", waited_seconds=round(time.monotonic() - started, 3))
+        return None
 
     # --- the tick -----------------------------------------------------------------
 
@@ -352,7 +430,8 @@ class Daemon:
 
     def health(self) -> dict[str, str | None]:
         """Each part's problem, None when it is fine: /readyz is ready only when every one is None."""
-        return {"guard": self._guard_problem(), "gate": self.gate.problem(), "writer": self.writer.problem()}
+        guard = self.waiting() or self._guard_problem()
+        return {"guard": guard, "gate": self.gate.problem(), "writer": self.writer.problem()}
 
     def _guard_problem(self) -> str | None:
         last = self.stats.last_success
@@ -503,6 +582,11 @@ class Daemon:
                 log.error("cannot serve HTTP", listen=self.settings.http.listen, error=str(exc))
                 self.close()
                 return 1
+        if self.succession is not None and self._waits():
+            code = await self._wait_for_node(self.succession)
+            if code is not None:  # stopped while waiting (0), or the node went to another nodeguard (1)
+                await self._shut_down(http_server)
+                return code
         self.start()
         log.info(
             "nodeguard running",
@@ -530,10 +614,14 @@ class Daemon:
                     task.cancel()
         finally:
             self._group = None
-            if self.kube is not None:
-                await self.kube.aclose()
-            if http_server is not None:
-                http_server.close()
-            self.stop()
-        log.info("nodeguard stopped")
+            await self._shut_down(http_server)
         return 0
+
+    async def _shut_down(self, http_server: Closable | None) -> None:
+        """The Kubernetes client and HTTP closed, then ``stop``: hand over, give back or keep, as it may."""
+        if self.kube is not None:
+            await self.kube.aclose()
+        if http_server is not None:
+            http_server.close()
+        self.stop()
+        log.info("nodeguard stopped")

@@ -29,8 +29,9 @@ EXIT_CODES: dict[str, list[tuple[int | str, str]]] = {
     "check-config": [(0, "the config is valid"), *CONFIG_ERRORS],
     "schema": [],
     "run": [
-        (0, "stopped cleanly by SIGTERM or SIGINT, also during start-up"),
-        (1, "the config is invalid, or nodeguard cannot start (e.g. another nodeguard acts on the node)"),
+        (0, "stopped cleanly by SIGTERM or SIGINT, also during start-up or while waiting for the node"),
+        (1, "the config is invalid, or nodeguard cannot start (e.g. another nodeguard, on another ledger, acts on "
+            "the node)"),
         (2, "the config file cannot be read"),
     ],
     "plan": [

@@ -46,17 +46,35 @@ def _holder(directory_fd: int, proc_root: str) -> str:
     return "another process (not visible from here)"
 
 
+def holder(root: str, proc_root: str = "/proc") -> str:
+    """Who holds the node's lock now, as /proc/locks tells ("pid N (command line)")."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _holder(fd, proc_root)
+    finally:
+        os.close(fd)
+
+
+def lock_node(root: str, proc_root: str = "/proc") -> int:
+    """Take the node's lock: the descriptor that holds it (closing it lets go); NodeBusy naming the holder."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        busy = NodeBusy(f"another nodeguard acts on this node: {_holder(fd, proc_root)} holds the lock on {root}")
+        os.close(fd)
+        raise busy from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 @contextlib.contextmanager
 def hold_node(root: str, proc_root: str = "/proc") -> Iterator[None]:
     """Hold the node's lock for the ``with`` block; NodeBusy naming the holder when another has it."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = lock_node(root, proc_root)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise NodeBusy(
-                f"another nodeguard acts on this node: {_holder(fd, proc_root)} holds the lock on {root}"
-            ) from None
         yield
     finally:
         os.close(fd)

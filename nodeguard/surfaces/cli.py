@@ -210,8 +210,9 @@ def _parser() -> argparse.ArgumentParser:
         _run_options,
         help="run the daemon: the guard, the start gate and cluster coordination",
         description="Sense, plan, act and record every tick until stopped. SIGTERM or SIGINT stops it and puts back "
-        "every lever it holds (CPU quotas and weights, memory.high) unless actuation.onExit is keep; SIGHUP reloads "
-        "the config file.",
+        "every lever it holds (CPU quotas and weights, memory.high) unless actuation.onExit is keep, or hands them "
+        "over to a successor waiting for the node; SIGHUP reloads the config file. Started while a nodeguard on the "
+        "same ledger holds the node, it waits and takes over when that one stops.",
     )
     commands.command(
         "plan",
@@ -357,7 +358,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     metrics = Metrics(daemon.view)
     daemon.on_tick.append(metrics.tick_duration.observe)
     daemon.gate.on_admission = metrics.gate_wait.observe
-    http = HttpServer(metrics.registry, daemon.health, lambda: status_of(daemon))
+    http = HttpServer(metrics.registry, daemon.health, lambda: status_of(daemon), daemon.waiting)
     return asyncio.run(daemon.run(serve=http.start))
 
 

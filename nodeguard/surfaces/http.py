@@ -5,7 +5,11 @@ scrapes and status reads run between ticks, so they never see half-updated
 state and need no locks. GET and HEAD only; one request per connection.
 
 /readyz is the daemon's health: ready only while no part reports a problem
-(no tick yet, the gate not serving, cgroup writes refused). At most
+(no tick yet, the gate not serving, cgroup writes refused, waiting for the
+node lock that another nodeguard holds). ``/readyz?successor`` is the same,
+except that a daemon waiting to take the node over from its predecessor is
+ready: a DaemonSet rolling with ``maxSurge`` stops the old pod only once the
+new one is ready, and the old pod hands its holds over when it stops. At most
 ``MAX_CONNECTIONS`` are served at once (more are closed at once), each for at
 most ``READ_TIMEOUT`` seconds of reading: a local user opening connections
 cannot take the daemon's descriptors, and asyncio's server pauses accepting
@@ -19,6 +23,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -55,17 +60,19 @@ class HttpServer:
         registry: CollectorRegistry,
         health: Callable[[], Mapping[str, str | None]],
         status: Callable[[], dict[str, Any]],
+        waiting: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.registry = registry
         self.health = health  # part -> its problem, None when it is fine
         self.status = status
+        self.waiting = waiting  # while the daemon waits to take the node over: what it waits for
         self.requests = 0
         self.errors = 0
         self.refused = 0  # connections closed unanswered: MAX_CONNECTIONS were open
         self.open = 0
 
-    def route(self, method: str, path: str) -> Response:
-        path = path.split("?", 1)[0]
+    def route(self, method: str, target: str) -> Response:
+        path, _, query = target.partition("?")
         if method not in ("GET", "HEAD"):
             return Response(405, b"only GET and HEAD\n")
         if path == "/metrics":
@@ -73,6 +80,9 @@ class HttpServer:
         if path == "/healthz":
             return Response(200, b"ok\n")
         if path == "/readyz":
+            waiting = self.waiting() if "successor" in parse_qs(query, keep_blank_values=True) else None
+            if waiting is not None:
+                return Response(200, f"ready to take the node over\n{waiting}\n".encode())
             problems = [f"{part}: {problem}" for part, problem in self.health().items() if problem is not None]
             if not problems:
                 return Response(200, b"ready\n")

@@ -246,10 +246,23 @@ def test_probes_reach_the_http_port_of_the_config() -> None:
     assert host == "0.0.0.0"  # kubelet probes the pod IP, not the pod's loopback
     container = daemonset_container()
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["readinessProbe"]["httpGet"]["path"].partition("?")[0] == "/readyz"
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         if probe in container:
             assert probe_port(container[probe]) == int(port), probe
+
+
+def test_a_rollout_starts_the_new_pod_before_it_stops_the_old_one() -> None:
+    """maxSurge 1, maxUnavailable 0, with a readiness probe that a pod waiting to take over passes (the old pod goes
+    only once the new one is ready) and a grace period that covers the old pod's wait for it and the drain."""
+    from nodeguard.daemon import HANDOVER_SECONDS
+
+    strategy = one("DaemonSet")["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    path, _, query = daemonset_container()["readinessProbe"]["httpGet"]["path"].partition("?")
+    assert (path, query) == ("/readyz", "successor")
+    grace = one("DaemonSet")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > HANDOVER_SECONDS + node_settings().coordination.drain_seconds
 
 
 def test_nodeguard_pod_is_never_its_own_candidate() -> None:
