@@ -72,6 +72,15 @@ EXIT_CODES: dict[str, list[tuple[int | str, str]]] = {
         (1, "a restore failed, or a running daemon acts on the node (stop it: SIGTERM restores too)"),
         (2, "the config file cannot be read"),
     ],
+    "held": [
+        (0, "the ledger was read (no ledger file: nothing held)"),
+        (
+            1,
+            "the ledger cannot be read (not JSON, an unknown version, a symbolic link, or not nodeguard's), some of "
+            "its records fail their checks (listed as rejected), or the config is invalid",
+        ),
+        (2, "the config file cannot be read"),
+    ],
 }
 EXAMPLES: dict[str, list[str]] = {
     "check-config": ["nodeguard check-config /etc/nodeguard/config.json --node-name worker-7"],
@@ -81,6 +90,7 @@ EXAMPLES: dict[str, list[str]] = {
     "admit": ["nodeguard admit --name jvm-warmup --semaphore heavy-start --connect-timeout 60"],
     "gatectl": ["nodeguard gatectl status", "nodeguard gatectl ready db"],
     "restore": ["nodeguard restore --all --config /etc/nodeguard/config.json"],
+    "held": ["nodeguard held --ledger /run/nodeguard/ledger.json"],
 }
 SEE_ALSO = {
     "demo": "[Getting started on a host](../getting-started/host.md)",
@@ -92,7 +102,9 @@ SEE_ALSO = {
     "admit": "[Gating starts](../gate.md), [Cluster caps](../cluster-caps.md)",
     "oci-hook": "[Gating starts](../gate.md)",
     "gatectl": "[Gating starts](../gate.md)",
-    "restore": "[Operations](../operations.md#stop-crash-restart-what-is-left-behind)",
+    "restore": "[Operations](../operations.md#stop-crash-restart-what-is-left-behind), [recovering a Kubernetes "
+    "node](../operations.md#recovering-a-kubernetes-node)",
+    "held": "[Operations](../operations.md#recovering-a-kubernetes-node)",
 }
 
 

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.support.cli import nodeguard
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def nodeguard(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nodeguard", *args], capture_output=True, text=True, timeout=60, cwd=REPO
-    )
 
 
 def test_check_config_exit_codes(tmp_path: Path) -> None:
@@ -82,7 +76,7 @@ def test_snapshot_table_and_bad_config(tmp_path: Path) -> None:
 
 
 COMMANDS = ["snapshot", "check-config", "schema", "run", "plan", "demo", "status", "gate", "admit", "oci-hook",
-            "gatectl", "restore"]  # fmt: skip
+            "gatectl", "restore", "held"]  # fmt: skip
 
 
 def test_help_lists_every_command_and_each_command_has_its_options() -> None:
@@ -95,7 +89,7 @@ def test_help_lists_every_command_and_each_command_has_its_options() -> None:
         assert f"\n    {command} " in top, command
     own = {"snapshot": "--watch", "check-config": "file", "run": "--dry-run", "plan": "--what-if", "demo": "--seconds",
            "status": "--json", "gate": "--keep-on-failure", "admit": "--ready-http", "oci-hook": "--if-unavailable",
-           "gatectl": "{status,ready,release,cancel}", "restore": "--ledger", "schema": "usage: nodeguard schema"}  # fmt: skip
+           "gatectl": "{status,ready,release,cancel}", "restore": "--ledger", "held": "--json", "schema": "usage: nodeguard schema"}  # fmt: skip
     for command in COMMANDS:
         result = nodeguard(command, "--help")
         assert result.returncode == 0 and own[command] in result.stdout, (command, result.stdout, result.stderr)

@@ -174,6 +174,14 @@ def _restore_options(restore: argparse.ArgumentParser) -> None:
     )
 
 
+def _held_options(held: argparse.ArgumentParser) -> None:
+    _with_config(held)
+    held.add_argument("--ledger", metavar="FILE", help="the ledger file (default: actuation.ledgerPath of the config)")
+    held.add_argument(
+        "--json", action="store_true", help="one JSON object: every lever's held groups, as /status has them"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodeguard", description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"nodeguard {__version__}")
@@ -248,6 +256,14 @@ def _parser() -> argparse.ArgumentParser:
         help="put back every lever recorded in the ledger; works while the daemon is down",
         description="Put back every CPU quota, CPU weight and memory.high recorded in the ledger, one line per group "
         "with its outcome. Refuses while a daemon acts on the node: stop it instead (SIGTERM restores too).",
+    )
+    commands.command(
+        "held",
+        _held_options,
+        help="what the ledger records as held; works while the daemon is down",
+        description="Show every group the ledger records as held back: its lever, the value it is held at, its "
+        "original, since when and why, and the children changed with it. Reads only the ledger file: not the "
+        "kernel, not the node's lock, so it answers with or without a daemon; changes nothing.",
     )
     return parser
 
@@ -440,6 +456,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_INVALID if Outcome.FAILED in outcomes else EXIT_OK
 
 
+def cmd_held(args: argparse.Namespace) -> int:
+    from nodeguard.surfaces.held import show_held
+
+    path = args.ledger or load_settings(args).actuation.ledger_path
+    return EXIT_OK if show_held(path, args.json) else EXIT_INVALID
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
@@ -492,6 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_plan(args)
         if args.command == "restore":
             return cmd_restore(args)
+        if args.command == "held":
+            return cmd_held(args)
         if args.command == "schema":
             import json
 

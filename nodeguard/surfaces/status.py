@@ -10,21 +10,12 @@ from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.levers.base import Lever
 from nodeguard.daemon import Daemon
 from nodeguard.policy.trace import phase_seconds, plan_to_data
+from nodeguard.surfaces.held import record_view
 
 
 def held_view(ledger: Ledger, lever: Lever) -> dict[str, dict[str, Any]]:
     """One lever's records as /status shows them: the values as the ledger keeps them, and for people."""
-    return {
-        group: {
-            "original": r.original,
-            "applied": r.holds,
-            "shown": {"original": lever.shown(r.original), "applied": lever.shown(r.holds)},
-            "reason": r.reason,
-            "since": r.changed_at,
-            "children": {p: {"original": c.original, "applied": c.applied} for p, c in r.children.items()},
-        }
-        for group, r in ledger.of(lever.name).items()
-    }
+    return {group: record_view(r, lever) for group, r in ledger.of(lever.name).items()}
 
 
 def status_of(daemon: Daemon) -> dict[str, Any]:

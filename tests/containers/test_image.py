@@ -13,10 +13,13 @@ measured CPU time, and the daemon's HTTP endpoints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +46,14 @@ def configmap_config() -> dict[str, Any]:
     return dict(json.loads(manifest("configmap.yaml")["data"]["config.json"]))
 
 
-def daemonset_options(node_name: str, config_dir: Path, run_dir: Path) -> tuple[list[str], list[str]]:
-    """podman options and the command's arguments for the DaemonSet's nodeguard container.
+def pod_options(pod: dict[str, Any], node_name: str, config_dir: Path, run_dir: Path) -> list[str]:
+    """podman options for the one container of a pod spec of ours (the DaemonSet's, the restore Job's).
 
     The ConfigMap's volume is ``config_dir``; the host's ``/run/nodeguard`` is
     ``run_dir`` here (this machine may run other nodeguards: the ledger and the
-    gate socket of this one stay in the test's directory).
+    gate socket of this one stay in the test's directory); an emptyDir is a
+    fresh directory beside it.
     """
-    pod = manifest("daemonset.yaml")["spec"]["template"]["spec"]
     [container] = pod["containers"]
     security = container["securityContext"]
     assert pod["hostPID"] is True and security["privileged"] is True and security["runAsUser"] == 0
@@ -58,24 +61,46 @@ def daemonset_options(node_name: str, config_dir: Path, run_dir: Path) -> tuple[
     if security.get("readOnlyRootFilesystem"):
         options += ["--read-only", "--read-only-tmpfs=false"]  # Kubernetes adds no tmpfs either
     env = {"NODE_NAME": node_name, "NODEGUARD_POD_UID": str(uuid.uuid4())}
-    assert {e["name"] for e in container["env"]} == set(env)
-    options += [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
+    assert {e["name"] for e in container["env"]} <= set(env)
+    for variable in container["env"]:
+        assert variable["valueFrom"] in ({"fieldRef": {"fieldPath": "spec.nodeName"}},
+                                         {"fieldRef": {"fieldPath": "metadata.uid"}}), variable  # fmt: skip
+        options += ["--env", f"{variable['name']}={env[variable['name']]}"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     for mount in container["volumeMounts"]:
         volume = volumes[mount["name"]]
         if "configMap" in volume:
             source = config_dir
-        elif "secret" in volume:
+        elif "secret" in volume or "emptyDir" in volume:
             # An optional Secret that is not there (no MQTT password here): kubelet mounts an empty directory.
-            assert volume["secret"].get("optional") is True, volume
-            source = run_dir.parent / f"empty-{mount['name']}"
-            source.mkdir(exist_ok=True)
+            assert "emptyDir" in volume or volume["secret"].get("optional") is True, volume
+            source = run_dir.parent / f"empty-{uuid.uuid4().hex[:8]}-{mount['name']}"
+            source.mkdir()
         elif volume["hostPath"]["path"] == "/run/nodeguard":
             source = run_dir
         else:
             source = Path(volume["hostPath"]["path"])
         options += ["--volume", f"{source}:{mount['mountPath']}" + (":ro" if mount.get("readOnly") else "")]
-    return options, list(container["args"])
+    if "command" in container:
+        options += ["--entrypoint", json.dumps(container["command"])]
+    return options
+
+
+def daemonset_options(node_name: str, config_dir: Path, run_dir: Path) -> tuple[list[str], list[str]]:
+    """podman options and the command's arguments for the DaemonSet's nodeguard container."""
+    pod = manifest("daemonset.yaml")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    return pod_options(pod, node_name, config_dir, run_dir), list(container["args"])
+
+
+def restore_job_options(node_name: str, config_dir: Path, run_dir: Path) -> tuple[list[str], list[str]]:
+    """podman options and arguments for the restore Job's container, as its comment's sed makes it for a node."""
+    text = (KUBERNETES / "restore-job.yaml").read_text().replace("node-to-restore", node_name)
+    job = yaml.safe_load(text)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeName"] == node_name and pod["restartPolicy"] == "Never"
+    [container] = pod["containers"]
+    return pod_options(pod, node_name, config_dir, run_dir), list(container["args"])
 
 
 def get(port: int, path: str) -> tuple[int, str]:
@@ -86,11 +111,30 @@ def get(port: int, path: str) -> tuple[int, str]:
         return 0, ""
 
 
-def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serves_http(
-    tmp_path: Path, podman: Podman, busybox_image: str, nodeguard_image: str
-) -> None:
-    """The built image, run with the DaemonSet's options and the ConfigMap's config, throttles a burner container on
-    the host (its quota file changes, its measured CPU falls), serves /healthz and /metrics, and SIGTERM restores it."""
+@dataclass
+class Guarded:
+    """The image's daemon run as the DaemonSet, throttling a burner pod on the host."""
+
+    podman: Podman
+    hierarchy: rc.Hierarchy
+    node: str
+    pod: str  # the burner's pod cgroup
+    daemon: str  # the daemon's container
+    port: int
+    config: dict[str, Any]
+    config_dir: Path
+    run_dir: Path
+    names: list[str]  # the test's containers, removed at its end
+
+    def logs(self, container: str | None = None) -> str:
+        result = self.podman.result("logs", container or self.daemon)
+        return (result.stdout + result.stderr)[-4000:]
+
+
+@contextlib.contextmanager
+def throttling_daemon(tmp_path: Path, podman: Podman, busybox_image: str, nodeguard_image: str) -> Iterator[Guarded]:
+    """The image run with the DaemonSet's options and the ConfigMap's config, once it throttles a burner container
+    in a BestEffort pod cgroup on the host."""
     hierarchy = host_hierarchy()
     port = free_port()
     node = rc.unique_name("ngnode")
@@ -122,18 +166,22 @@ def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serve
         names.append(daemon)
         runtime.wait_for_the_node(hierarchy.writable)
         podman.run(daemon, nodeguard_image, args, options)
-
-        def logs() -> str:
-            return podman.result("logs", daemon).stderr[-4000:]
-
+        guarded = Guarded(podman, hierarchy, node, pod, daemon, port, config, config_dir, run_dir, names)
         try:
             wait_until(lambda: get(port, "/healthz") == (200, "ok\n"), 60, "/healthz")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}; container log:\n{logs()}") from None
-        try:
             wait_until(lambda: hierarchy.limit(pod) != UNLIMITED, 30, "the burner throttled")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; container log:\n{logs()}") from None
+            raise AssertionError(f"{exc}; container log:\n{guarded.logs()}") from None
+        yield guarded
+
+
+def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serves_http(
+    tmp_path: Path, podman: Podman, busybox_image: str, nodeguard_image: str
+) -> None:
+    """The built image, run with the DaemonSet's options and the ConfigMap's config, throttles a burner container on
+    the host (its quota file changes, its measured CPU falls), serves /healthz and /metrics, and SIGTERM restores it."""
+    with throttling_daemon(tmp_path, podman, busybox_image, nodeguard_image) as guarded:
+        hierarchy, pod, port = guarded.hierarchy, guarded.pod, guarded.port
         throttled = hierarchy.limit(pod)
         assert throttled.cores is not None and throttled.cores < 1, throttled
         during = cores_used(hierarchy, pod, 2.0)
@@ -143,12 +191,55 @@ def test_the_image_run_as_the_daemonset_throttles_a_burner_on_the_host_and_serve
         assert status == 200 and "nodeguard_throttled_workloads 1.0" in text, text[-2000:]
         assert f'nodeguard_workload_cpu_quota_cores{{class="BestEffort",kind="pod",workload="{pod}"}}' in text
         # The ConfigMap's gate: its socket in the host's /run/nodeguard, for the group its init containers run as.
-        socket = run_dir / "gate.sock"
-        assert socket.is_socket() and os.stat(socket).st_gid == config["global"]["gate"]["socketGroup"]
+        socket = guarded.run_dir / "gate.sock"
+        assert socket.is_socket() and os.stat(socket).st_gid == guarded.config["global"]["gate"]["socketGroup"]
 
-        podman("stop", "--time", "30", daemon)
-        assert podman("inspect", "--format", "{{.State.ExitCode}}", daemon) == "0", logs()
+        podman("stop", "--time", "30", guarded.daemon)
+        assert podman("inspect", "--format", "{{.State.ExitCode}}", guarded.daemon) == "0", guarded.logs()
         assert hierarchy.limit(pod) == UNLIMITED
-        assert not Ledger.load(str(run_dir / "ledger.json")).of("cpu.max")
-        assert '"event": "restored every lever on exit"' in logs()
+        assert not Ledger.load(str(guarded.run_dir / "ledger.json")).of("cpu.max")
+        assert '"event": "restored every lever on exit"' in guarded.logs()
         print(f"\nburner under the image's daemon: {during:.2f} cores under a quota of {throttled.cores:.2f}")
+
+
+def run_restore_job(guarded: Guarded, image: str, attempt: str) -> tuple[int, str]:
+    """The restore Job's container run to its end, as restore-job.yaml has it for the test's node; its exit
+    code and its log."""
+    options, args = restore_job_options(guarded.node, guarded.config_dir, guarded.run_dir)
+    name = f"{guarded.node}-restore-{attempt}"
+    guarded.names.append(name)
+    guarded.podman.run(name, image, args, options)
+    code = int(guarded.podman("wait", name, timeout=180))
+    return code, guarded.logs(name)
+
+
+def test_the_restore_job_refuses_beside_the_daemon_and_restores_what_a_killed_one_held(
+    tmp_path: Path, podman: Podman, busybox_image: str, nodeguard_image: str
+) -> None:
+    """restore-job.yaml's container, run with its own options and command against the same host directories:
+    beside the running DaemonSet container it prints the hold and refuses (the node's lock crosses containers);
+    after that daemon is SIGKILLed, the hold still in place, it prints the hold and puts the original back,
+    leaving the ledger empty."""
+    with throttling_daemon(tmp_path, podman, busybox_image, nodeguard_image) as guarded:
+        hierarchy, pod, ledger = guarded.hierarchy, guarded.pod, str(guarded.run_dir / "ledger.json")
+
+        code, beside = run_restore_job(guarded, nodeguard_image, "beside")
+        assert code == 1, beside
+        [line] = [line for line in beside.splitlines() if line.startswith(f"cpu.max     {pod}: held at ")]
+        assert ", original unlimited, since " in line and "stop it first (SIGTERM restores)" in beside, beside
+        assert hierarchy.limit(pod) != UNLIMITED  # the daemon still holds it (and moves it as it measures)
+
+        podman("kill", "--signal", "KILL", guarded.daemon)
+        assert podman("wait", guarded.daemon, timeout=60) == "137"
+        held = hierarchy.limit(pod)
+        assert held != UNLIMITED and held.cores is not None, "a SIGKILL restores nothing"
+        record = Ledger.load(ledger).get("cpu.max", pod)
+        assert record is not None and record.holds == held.render_v2(), record
+        shown = f"cpu.max     {pod}: held at {held.cores:.3g} cores, original unlimited, since "
+        runtime.wait_for_the_node(hierarchy.writable)  # another test run's daemon would refuse it too
+
+        code, after = run_restore_job(guarded, nodeguard_image, "after")
+        assert code == 0, after
+        assert shown in after and f"restored  cpu.max    {pod}" in after, after
+        assert hierarchy.limit(pod) == UNLIMITED
+        assert not Ledger.load(ledger)

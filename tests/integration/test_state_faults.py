@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,18 +22,13 @@ import pytest
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.model.samples import CpuMax
 from tests.support import cgroups as rc
+from tests.support.cli import nodeguard
 from tests.support.daemon import DaemonProcess
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 POD_LIMIT = CpuMax(150000)
 UNLIMITED = CpuMax(None)
-
-
-def nodeguard(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nodeguard", *args], capture_output=True, text=True, cwd=REPO, timeout=60
-    )
 
 
 def config(hierarchy: rc.Hierarchy, ledger: Path, kubepods: str | None = None, **extra: Any) -> dict[str, Any]:

@@ -304,3 +304,93 @@ def test_one_configmap_serves_every_node_of_a_coordinating_cluster() -> None:
     assert volume["secret"]["optional"] is True
     grace = one("DaemonSet")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace > settings.drain_seconds + 5  # room to drain before the kubelet kills it
+
+
+RESTORE_JOB = MANIFESTS / "restore-job.yaml"
+PLACEHOLDER = "node-to-restore"  # the node's name in restore-job.yaml, replaced by the sed its comment gives
+
+
+def restore_container() -> dict[str, Any]:
+    [container] = one("Job")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def restore_mounts() -> dict[str, dict[str, Any]]:
+    """Mount path -> the volume mounted there, for the restore Job's container."""
+    volumes = {v["name"]: v for v in one("Job")["spec"]["template"]["spec"]["volumes"]}
+    return {m["mountPath"]: volumes[m["name"]] for m in restore_container()["volumeMounts"]}
+
+
+def restore_commands() -> list[list[str]]:
+    """The nodeguard command lines the restore Job's shell runs, in order, without `exec`."""
+    import shlex
+
+    container = restore_container()
+    assert container["command"] == ["/bin/sh", "-c"]
+    [script] = container["args"]
+    lines = [shlex.split(line) for line in script.splitlines() if line.strip()]
+    return [line[1:] if line[0] == "exec" else line for line in lines]
+
+
+def test_restore_job_mounts_the_host_and_the_config_where_the_daemonset_does() -> None:
+    """The restore Job sees the host's cgroup tree, the host's /run/nodeguard and the ConfigMap at the DaemonSet's
+    mount paths (so the ConfigMap's cgroupRoot and ledgerPath name the same files), plus a scratch /tmp, with the
+    DaemonSet's image, privileges and host PID namespace."""
+    daemon, job = mounts(), restore_mounts()
+    for path, volume in daemon.items():
+        if "secret" in volume:
+            assert path not in job  # the MQTT password: restore needs no broker
+            continue
+        assert path in job, path
+        assert {k: v for k, v in job[path].items() if k != "name"} == {
+            k: v for k, v in volume.items() if k != "name"
+        }, path
+    assert set(job) - set(daemon) == {"/tmp"} and "emptyDir" in job["/tmp"]  # `held` copies the ledger there
+    settings = node_settings()
+    assert job[settings.sensing.cgroup_root]["hostPath"]["path"] == "/sys/fs/cgroup"
+    assert job[str(Path(settings.actuation.ledger_path).parent)]["hostPath"]["path"] == "/run/nodeguard"
+    container, pod = restore_container(), one("Job")["spec"]["template"]["spec"]
+    assert container["image"] == daemonset_container()["image"]
+    assert container["securityContext"] == {"privileged": True, "runAsUser": 0, "readOnlyRootFilesystem": True}
+    assert pod["hostPID"] is True and {"operator": "Exists"} in pod["tolerations"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"] == {e["name"]: e for e in daemonset_container()["env"]}["NODE_NAME"]
+
+
+def test_restore_job_shows_what_is_held_then_restores_all_with_the_daemonsets_config() -> None:
+    """The Job's shell runs `nodeguard held`, then `nodeguard restore --all`, both parsed by nodeguard's own
+    parser and both reading the config file the DaemonSet's daemon reads."""
+    from nodeguard.surfaces.cli import _parser
+
+    args = daemonset_container()["args"]
+    config = args[args.index("--config") + 1]
+    parsed = [_parser().parse_args(line[1:]) for line in restore_commands()]
+    assert [line[0] for line in restore_commands()] == ["nodeguard", "nodeguard"]
+    assert [p.command for p in parsed] == ["held", "restore"]
+    assert parsed[1].all is True and parsed[1].ledger is None and parsed[0].ledger is None
+    assert [str(p.config) for p in parsed] == [config, config]
+
+
+def test_restore_job_is_one_node_at_a_time_and_kept_out_of_the_base() -> None:
+    """The Job is bound by name to the node its comment's sed puts in, never retried, and after that sed (run
+    here) it validates with its name and node replaced; the kustomize base does not list it."""
+    import subprocess
+
+    job = one("Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeName"] == PLACEHOLDER and job["metadata"]["name"] == f"nodeguard-restore-{PLACEHOLDER}"
+    assert job["spec"]["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
+    assert job["metadata"]["namespace"] == NAMESPACE
+    text = RESTORE_JOB.read_text(encoding="utf-8")
+    [usage] = [line for line in text.splitlines() if line.startswith("#") and "sed " in line]
+    expression = usage.split('"')[1]
+    assert expression == f"s/{PLACEHOLDER}/$NODE/g", usage
+    sed = subprocess.run(["sed", expression.replace("$NODE", "worker-7"), str(RESTORE_JOB)], capture_output=True,
+                         text=True, check=True, timeout=30)  # fmt: skip
+    [edited] = [doc for doc in yaml.safe_load_all(sed.stdout) if doc is not None]
+    assert edited["spec"]["template"]["spec"]["nodeName"] == "worker-7"
+    assert edited["metadata"]["name"] == "nodeguard-restore-worker-7"
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(edited, version, strict=True)
+    base = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text(encoding="utf-8"))
+    assert RESTORE_JOB.name not in base["resources"]

@@ -30,6 +30,7 @@ from tests.packaging.kustomize import (
 
 K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version())
 EXAMPLE_POD = "gate-pod-snippet.yaml"
+RESTORE_JOB = "restore-job.yaml"  # one node's manual restore, applied by hand
 
 
 def kustomization(directory: Path) -> dict[str, Any]:
@@ -64,17 +65,17 @@ def test_every_rendered_object_validates(directory: Path, version: str, tmp_path
         kubernetes_validate.validate(obj, version, strict=True)
 
 
-def test_base_applies_every_manifest_but_the_example_pod_namespace_first() -> None:
-    """The base lists every manifest of the folder except the gate's example pod, and renders them unchanged, the
-    namespace first (the order `kubectl apply -k` creates them in)."""
+def test_base_applies_every_manifest_but_the_example_pod_and_the_restore_job_namespace_first() -> None:
+    """The base lists every manifest of the folder except the gate's example pod and the one-node restore Job, and
+    renders them unchanged, the namespace first (the order `kubectl apply -k` creates them in)."""
     listed = kustomization(BASE)["resources"]
-    manifests = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml", EXAMPLE_POD}
+    manifests = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml", EXAMPLE_POD, RESTORE_JOB}
     assert sorted(listed) == sorted(manifests)
     assert listed[0] == "namespace.yaml"
     assert [o["kind"] for o in file_objects(BASE / EXAMPLE_POD)] == ["Pod"]
     objects = render(BASE)
     assert objects[0]["kind"] == "Namespace"
-    assert "Pod" not in {o["kind"] for o in objects}
+    assert not {"Pod", "Job"} & {o["kind"] for o in objects}
     expected = [obj for name in listed for obj in file_objects(BASE / name)]
     assert sorted(objects, key=identity) == sorted(expected, key=identity)
 
