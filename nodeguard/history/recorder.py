@@ -71,6 +71,7 @@ class Recorder:
 
     def __init__(self, settings: HistorySettings) -> None:
         self.settings = settings
+        self.path: str | None = settings.path
         self.segments = Segments(settings.path, settings.max_bytes, settings.file_bytes)
         self.counters = HistoryCounters()
         self._pending: list[Pending] = []
@@ -190,6 +191,7 @@ class NoHistory:
     """The history off (or a dry run, which changes nothing): every call does nothing."""
 
     counters = HistoryCounters()
+    path: str | None = None
 
     def start(self) -> None:
         pass

@@ -68,6 +68,12 @@ def status_of(daemon: Daemon) -> dict[str, Any]:
             if h.until > time.monotonic()
         },
         "health": daemon.health(),
+        "history": {
+            "path": daemon.history.path,
+            "written": daemon.history.counters.entries,
+            "dropped": daemon.history.counters.dropped,
+            "errors": daemon.history.counters.errors,
+        },
         "gate": daemon.gate.status(),
         "coordination": daemon.coordination.status(),
         "kubernetes": None if daemon.kube is None else daemon.kube.status(),

@@ -97,12 +97,16 @@ def iso(at: float) -> str:
     return datetime.datetime.fromtimestamp(at).isoformat()
 
 
-def history_over_http(config_: dict[str, Any], **params: str) -> dict[str, Any]:
-    listen = config_["global"]["http"]["listen"]
-    with urllib.request.urlopen(f"http://{listen}/history?{urllib.parse.urlencode(params)}", timeout=10) as response:
+def get_json(config_: dict[str, Any], path: str) -> dict[str, Any]:
+    """GET a JSON endpoint of the daemon running with this config."""
+    with urllib.request.urlopen(f"http://{config_['global']['http']['listen']}{path}", timeout=10) as response:
         assert response.headers["Content-Type"] == "application/json"
         answer: dict[str, Any] = json.loads(response.read())
     return answer
+
+
+def history_over_http(config_: dict[str, Any], **params: str) -> dict[str, Any]:
+    return get_json(config_, f"/history?{urllib.parse.urlencode(params)}")
 
 
 def only(answer: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -136,7 +140,11 @@ def test_why_a_pod_was_throttled_after_a_crash_and_a_restart(kube: FakeKube, pki
             try:
                 second.wait_for(started(second), 20 * SLOW, "the restarted daemon running")
                 assert node.hierarchy.limit(held.pod) == POD_LIMIT, "the start put the quota back"
+                second.wait_for(lambda: get_json(cfg, "/status")["history"]["written"] == 1, 10 * SLOW,
+                                "the start's entry written")  # fmt: skip
                 served = history_over_http(cfg, pod=name_of(node, held))
+                status = get_json(cfg, "/status")["history"]
+                assert status == {"path": str(history), "written": 1, "dropped": 0, "errors": 0}
                 stop(second)
             finally:
                 second.kill()
