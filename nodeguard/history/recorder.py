@@ -143,10 +143,14 @@ class Recorder:
         return True
 
     def close(self) -> None:
-        """Write what is left, fsync and stop the writer (waiting at most STOP_SECONDS)."""
+        """Write what is left, fsync and stop the writer (waiting at most STOP_SECONDS). Never started (a stop
+        while starting), it starts to write what it was handed: a restore at such a stop is history too."""
         self.flush()
         if self._thread is None:
-            return
+            if self._queue.empty():
+                return
+            self.start()
+        assert self._thread is not None
         try:
             self._queue.put(None, timeout=STOP_SECONDS)
         except queue.Full:

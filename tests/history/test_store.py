@@ -205,3 +205,15 @@ def test_history_settings_refuse_a_file_too_small_for_a_line() -> None:
     with pytest.raises(ValueError, match="maxBytes 262144 shared between 8 files"):
         HistorySettings.model_validate({"maxBytes": "256Ki", "files": 8})
     assert HistorySettings.model_validate({"maxBytes": "1Mi", "files": 16}).file_bytes == 64 * KiB
+
+
+def test_a_stop_before_the_start_still_records_what_it_restored(tmp_path: Path) -> None:
+    """A daemon stopped while starting restores the ledger before its recorder ever started: close writes it."""
+    recorder = Recorder(HistorySettings(path=str(tmp_path / "history")))
+    recorder.lifecycle("stop", "restore", restored=["kp/pod0"])
+    recorder.close()
+    (record,) = scan(str(tmp_path / "history")).records
+    assert record.kind == "stop" and record.restored == ("kp/pod0",)
+    idle = Recorder(HistorySettings(path=str(tmp_path / "idle")))
+    idle.close()
+    assert not (tmp_path / "idle").exists(), "nothing handed, nothing made"
