@@ -28,6 +28,7 @@ from nodeguard.config_base import Model, format_errors
 from nodeguard.coordination.settings import CoordinationSettings
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.settings import GateSettings
+from nodeguard.history.settings import HistorySettings
 from nodeguard.kubernetes.settings import KubernetesSettings
 from nodeguard.netaddr import split_host_port
 from nodeguard.policy.settings import GuardSettings
@@ -36,7 +37,7 @@ from nodeguard.sources.settings import SensingSettings, WorkloadSettings
 
 
 class HttpSettings(Model):
-    """The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status."""
+    """The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status, /history."""
 
     enabled: bool = True
     listen: str = Field("127.0.0.1:9466", description="HOST:PORT; loopback by default")
@@ -55,6 +56,7 @@ class Settings(Model):
     workloads: WorkloadSettings = WorkloadSettings()
     guard: GuardSettings = GuardSettings()
     actuation: ActuationSettings = ActuationSettings()
+    history: HistorySettings = HistorySettings()
     http: HttpSettings = HttpSettings()
     gate: GateSettings = GateSettings()
     coordination: CoordinationSettings = CoordinationSettings()

@@ -30,6 +30,7 @@ from nodeguard.actuators.executor import Executor
 from nodeguard.actuators.ledger import Ledger, LedgerUnsaved, LeverRecord
 from nodeguard.actuators.levers.base import Lever
 from nodeguard.actuators.node_lock import NodeBusy
+from nodeguard.actuators.restore import Outcome
 from nodeguard.actuators.succession import Succession, Taken
 from nodeguard.config import Document, Settings, load_document
 from nodeguard.coordination.switch import coordination_service
@@ -37,6 +38,7 @@ from nodeguard.early_signals import EARLY, STOPS
 from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.switch import gate_service
 from nodeguard.guard_tick import sense, settle
+from nodeguard.history.recorder import history_of
 from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.levers import MEMORY_HIGH
 from nodeguard.model.snapshot import Snapshot
@@ -102,6 +104,11 @@ def memory_objectives(settings: Settings) -> bool:
 def held_counts(ledger: Ledger) -> dict[str, int]:
     """How many groups each registered lever holds."""
     return {name: len(ledger.of(name)) for name in levers.NAMES}
+
+
+def given_back(outcomes: Mapping[Outcome, list[str]]) -> list[str]:
+    """The groups a restore of the whole ledger left without a value of nodeguard's (a failed one still has)."""
+    return [group for result, groups in outcomes.items() if result is not Outcome.FAILED for group in groups]
 
 
 def say_memory_lever(settings: Settings, version: str, available: bool) -> None:
@@ -225,6 +232,7 @@ class Daemon:
         self.gate = gate_service(
             self.settings.gate, self.sensor.node.cpus, os.path.dirname(actuation.ledger_path), self.coordination
         )
+        self.history = history_of(self.settings.history, actuation.dry_run)
         self.state = GuardState()
         self.changes: list[Done] = []  # the lever changes the last tick made
         self.last_plan: Plan | None = None
@@ -252,18 +260,23 @@ class Daemon:
             log.error("ledger was corrupt; restoring only what can be proven", kept_as=self.ledger.set_aside)
         if self.ledger.rejected:
             log.error("ledger records failed their checks; the rest is restored", kept_as=self.ledger.rejected)
+        self.history.start()
         if handover is not None:
             self.state = outcome.adopted(self.executor.adopt(), time.monotonic())
             log.info("adopted the predecessor's holds", predecessor=handover.pid, **held_counts(self.ledger))
+            self.history.lifecycle("start", "handover", kept=(record.group for record in self.ledger))
             return
+        on_start = self.settings.actuation.on_start
         if not self.ledger:
-            return
-        if self.settings.actuation.on_start == "adopt":
+            self.history.lifecycle("start", on_start)
+        elif on_start == "adopt":
             self.state = outcome.adopted(self.executor.adopt(), time.monotonic())
             log.info("re-adopted the ledger's records", **held_counts(self.ledger))
+            self.history.lifecycle("start", on_start, kept=(record.group for record in self.ledger))
         else:
             outcomes = self.executor.restore_everything()
             log.info("restored the ledger's records", **{k.value: len(v) for k, v in outcomes.items()})
+            self.history.lifecycle("start", on_start, restored=given_back(outcomes))
 
     def stop(self) -> None:
         """Hand every hold over to a successor that waits; else restore them (or keep them, as onExit says)."""
@@ -278,9 +291,11 @@ class Daemon:
         if self.settings.actuation.on_exit == "restore":
             outcomes = self.executor.restore_everything()
             log.info("restored every lever on exit", **{k.value: len(v) for k, v in outcomes.items()})
+            self.history.lifecycle("stop", "restore", restored=given_back(outcomes))
         else:
             self.ledger.save()
             log.info("keeping every lever's values on exit", **held_counts(self.ledger))
+            self.history.lifecycle("stop", "keep", kept=(record.group for record in self.ledger))
         self.close()
 
     def _hand_over(self, succession: Succession) -> bool:
@@ -306,6 +321,7 @@ class Daemon:
         return True
 
     def close(self) -> None:
+        self.history.close()
         self.sensor.close()
         if self.succession is not None:
             self.succession.release()
@@ -352,6 +368,7 @@ class Daemon:
         writes = self.writer.counters.writes
         settled = settle(snapshot, self.state, self.settings.guard, self.executor)
         plan, self.state, self.changes = settled.plan, settled.state, settled.done
+        self.history.record(plan, snapshot, settled.done, self.settings.guard.candidates)  # written after the tick
         if self.kube is not None and self._group is not None:
             self.kube.emit(self.changes, snapshot, self._spawn)
         if self.writer.counters.writes != writes:
@@ -449,6 +466,7 @@ class Daemon:
             except Exception as exc:  # a bug in one tick must not take the node's guard down
                 self.stats.errors += 1
                 log.error("tick failed", error=str(exc), exc_info=True)
+            self.history.flush()  # the tick's entries to the history's writer, once the tick is done
             now = time.monotonic()
             grid, due = next_tick(grid, now, self.settings.sensing.tick_seconds)
             with contextlib.suppress(TimeoutError):
@@ -493,8 +511,12 @@ class Daemon:
         return effective(settings, self.dry_run)
 
     def _apply(self, new: Settings) -> None:
-        if new.sensing.cgroup_root != self.settings.sensing.cgroup_root or new.actuation != self.settings.actuation:
-            log.warning("cgroupRoot and actuation settings change only on restart; the rest is reloaded")
+        if (
+            new.sensing.cgroup_root != self.settings.sensing.cgroup_root
+            or new.actuation != self.settings.actuation
+            or new.history != self.settings.history
+        ):
+            log.warning("cgroupRoot, actuation and history settings change only on restart; the rest is reloaded")
             new = new.model_copy(
                 update={
                     "sensing": new.sensing.model_copy(
@@ -504,6 +526,7 @@ class Daemon:
                         }
                     ),
                     "actuation": self.settings.actuation,
+                    "history": self.settings.history,
                 }
             )
         self.settings = new

@@ -81,6 +81,11 @@ EXIT_CODES: dict[str, list[tuple[int | str, str]]] = {
         ),
         (2, "the config file cannot be read"),
     ],
+    "why": [
+        (0, "answered, also when the history has nothing on the pod"),
+        (1, "`--since` or `--at` is not a time, or the config is invalid"),
+        CONFIG_ERRORS[1],
+    ],
 }
 EXAMPLES: dict[str, list[str]] = {
     "check-config": ["nodeguard check-config /etc/nodeguard/config.json --node-name worker-7"],
@@ -91,6 +96,10 @@ EXAMPLES: dict[str, list[str]] = {
     "gatectl": ["nodeguard gatectl status", "nodeguard gatectl ready db"],
     "restore": ["nodeguard restore --all --config /etc/nodeguard/config.json"],
     "held": ["nodeguard held --ledger /run/nodeguard/ledger.json"],
+    "why": [
+        "nodeguard why batch/etl-7 --at 2024-05-01T14:02:00",
+        "nodeguard why 3f1c2a9e-0d4b-4c1e-9f60-2b7d5c8e1a42 --since -1h --json",
+    ],
 }
 SEE_ALSO = {
     "demo": "[Getting started on a host](../getting-started/host.md)",
@@ -105,6 +114,7 @@ SEE_ALSO = {
     "restore": "[Operations](../operations.md#stop-crash-restart-what-is-left-behind), [recovering a Kubernetes "
     "node](../operations.md#recovering-a-kubernetes-node)",
     "held": "[Operations](../operations.md#recovering-a-kubernetes-node)",
+    "why": "[Troubleshooting](../troubleshooting.md#why-was-this-pod-held-back)",
 }
 
 

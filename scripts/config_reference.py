@@ -75,7 +75,8 @@ MEANINGS = {
     "recorded there before it is written",
     "actuation.evictionGraceSeconds": "cgroup evictions: time between SIGTERM and killing what is left",
     "actuation.freezeBeforeEviction": "cgroup v2: freeze the group while signalling it (no new forks meanwhile)",
-    "http": "the daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status",
+    "history": "the decision history: what nodeguard did to which pod, when and why (`nodeguard why`, `/history`)",
+    "http": "the daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status, /history",
     "http.enabled": "serve the HTTP endpoints",
     "gate": "the start gate: admission of process and container starts",
     "coordination": "cluster-wide caps shared over MQTT; the same on every node of the cluster",
@@ -113,6 +114,7 @@ UNITS = {
     "minRate": "starts per second",
     "maxRate": "starts per second",
     "minHigh": "bytes",
+    "maxBytes": "bytes",
     "stepPercent": "% of its usage",
 }
 

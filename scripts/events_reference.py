@@ -4,8 +4,9 @@
 
 Each reason, its type and its action come from the levers' terms
 (``nodeguard.model.levers.LEVERS``: one reason for holding a lever back and
-one for giving it back) and ``nodeguard.kubernetes.events.EVICTED``. When each is recorded is said here (``WHEN``); a reason
-without it stops the generator, so a new reason cannot go undocumented. Not
+one for giving it back) and ``nodeguard.kubernetes.events.EVICTED``. When
+each is recorded is said here (``WHEN``); a reason without it stops the
+generator, so a new reason cannot go undocumented. Not
 imported by the daemon.
 """
 

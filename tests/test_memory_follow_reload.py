@@ -20,6 +20,7 @@ def write_config(path: Path, mount: Path, name: str, objectives: list[dict[str, 
         "workloads": {"groups": [{"match": name, "class": "BestEffort"}]},
         "guard": {"objectives": objectives},
         "actuation": {"ledgerPath": str(path.parent / "ledger.json")},
+        "history": {"path": str(path.parent / "history")},
         "http": {"enabled": False},
         "gate": {"enabled": False},
     }}))  # fmt: skip

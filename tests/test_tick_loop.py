@@ -26,6 +26,7 @@ def test_a_tick_that_raises_is_counted_and_the_next_ticks_still_run_until_a_stop
         "guard": {"objectives": [{"metric": "cpu_total_usage", "action": "throttle", "threshold": 64,
                                   "restoreBelow": 60}]},
         "actuation": {"ledgerPath": str(tmp_path / "ledger.json")},
+        "history": {"path": str(tmp_path / "history")},
         "http": {"enabled": False},
         "gate": {"enabled": False},
     }}))  # fmt: skip

@@ -182,6 +182,21 @@ def _held_options(held: argparse.ArgumentParser) -> None:
     )
 
 
+def _why_options(why: argparse.ArgumentParser) -> None:
+    why.add_argument("pod", metavar="POD", help="the pod: namespace/name, its UID, or its cgroup path (workload id)")
+    why.add_argument(
+        "--since",
+        metavar="TIME",
+        help="only what was done from TIME on: ISO 8601 (local time unless it has a zone) or relative, like -15m",
+    )
+    why.add_argument(
+        "--at", metavar="TIME", help="what held the pod back at TIME, and what was done until then (default: now)"
+    )
+    why.add_argument("--json", action="store_true", help="the answer as one JSON object")
+    _with_config(why)
+    why.add_argument("--history", metavar="DIR", help="the history's directory (default: history.path of the config)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodeguard", description=__doc__, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"nodeguard {__version__}")
@@ -245,6 +260,15 @@ def _parser() -> argparse.ArgumentParser:
         help="the running daemon's status (reads its /status endpoint)",
         description="Show the running daemon's /status (at http.listen of the config): the node against its "
         "waterlines, what it holds back with original and current values, the gate, the cluster's semaphores.",
+    )
+
+    commands.command(
+        "why",
+        _why_options,
+        help="what nodeguard did to a pod, when and why (the decision history); works while the daemon is down",
+        description="Read the decision history and show what nodeguard did to POD and why: each lever change and "
+        "eviction with the readings, gaps, objective, the pod's rank among the candidates and the rule that made it "
+        "one; holds on a group above the pod (its QoS tier's weight) included; and what held it back at --at.",
     )
 
     from nodeguard.gate.commands import add_gate_commands
@@ -369,12 +393,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return asyncio.run(daemon.run())
     from nodeguard.surfaces.http import HttpServer
     from nodeguard.surfaces.metrics import Metrics
-    from nodeguard.surfaces.status import status_of
+    from nodeguard.surfaces.status import history_of, status_of
 
     metrics = Metrics(daemon.view)
     daemon.on_tick.append(metrics.tick_duration.observe)
     daemon.gate.on_admission = metrics.gate_wait.observe
-    http = HttpServer(metrics.registry, daemon.health, lambda: status_of(daemon), daemon.waiting)
+    history = (lambda params: history_of(daemon, params)) if daemon.settings.history.enabled else None
+    http = HttpServer(metrics.registry, daemon.health, lambda: status_of(daemon), daemon.waiting, history)
     return asyncio.run(daemon.run(serve=http.start))
 
 
@@ -463,6 +488,22 @@ def cmd_held(args: argparse.Namespace) -> int:
     return EXIT_OK if show_held(path, args.json) else EXIT_INVALID
 
 
+def cmd_why(args: argparse.Namespace) -> int:
+    from nodeguard.history.jsonl import json_text
+    from nodeguard.history.query import BadQuestion, Question, answer, read
+    from nodeguard.surfaces.why import render
+
+    try:
+        question = Question.of(args.pod, args.since, args.at)
+    except BadQuestion as exc:
+        print(f"nodeguard: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    directory = args.history or load_settings(args).history.path
+    result = answer(read(directory, question), question)
+    print(json_text(result, None) if args.json else render(result, directory))
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
@@ -517,6 +558,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_restore(args)
         if args.command == "held":
             return cmd_held(args)
+        if args.command == "why":
+            return cmd_why(args)
         if args.command == "schema":
             import json
 

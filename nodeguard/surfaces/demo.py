@@ -99,6 +99,7 @@ def demo_settings(groups: ScratchCgroups | None, run_dir: str) -> Settings:
                 "cooldownTicks": 2,
             },
             "actuation": {"ledgerPath": f"{run_dir}/ledger.json", "dryRun": groups is None},
+            "history": {"path": f"{run_dir}/history"},  # the demo's own, gone with it
             "http": {"enabled": False},
             "gate": {"enabled": False},
         }

@@ -1,4 +1,4 @@
-"""The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status.
+"""The daemon's HTTP endpoints: /metrics, /healthz, /readyz, /status, /history.
 
 A small HTTP/1.1 server on asyncio streams, in the daemon's own event loop:
 scrapes and status reads run between ticks, so they never see half-updated
@@ -13,7 +13,8 @@ new one is ready, and the old pod hands its holds over when it stops. At most
 ``MAX_CONNECTIONS`` are served at once (more are closed at once), each for at
 most ``READ_TIMEOUT`` seconds of reading: a local user opening connections
 cannot take the daemon's descriptors, and asyncio's server pauses accepting
-(and logs it) rather than stopping when they run out.
+(and logs it) rather than stopping when they run out. /history reads the
+decision history's files in a worker thread: the ticks go on meanwhile.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from nodeguard.history.jsonl import json_text
 from nodeguard.log import get_logger
 from nodeguard.netaddr import split_host_port
 
@@ -61,11 +63,13 @@ class HttpServer:
         health: Callable[[], Mapping[str, str | None]],
         status: Callable[[], dict[str, Any]],
         waiting: Callable[[], str | None] = lambda: None,
+        history: Callable[[Mapping[str, list[str]]], tuple[int, dict[str, Any] | str]] | None = None,
     ) -> None:
         self.registry = registry
         self.health = health  # part -> its problem, None when it is fine
         self.status = status
         self.waiting = waiting  # while the daemon waits to take the node over: what it waits for
+        self.history = history  # query parameters -> (status, the answer or an error); None: no history
         self.requests = 0
         self.errors = 0
         self.refused = 0  # connections closed unanswered: MAX_CONNECTIONS were open
@@ -90,7 +94,24 @@ class HttpServer:
         if path == "/status":
             body = json.dumps(self.status(), default=str, allow_nan=False).encode()
             return Response(200, body, "application/json")
-        return Response(404, b"not found: try /metrics /healthz /readyz /status\n")
+        if path == "/history":
+            return self.history_response(target)
+        return Response(404, b"not found: try /metrics /healthz /readyz /status /history\n")
+
+    def history_response(self, target: str) -> Response:
+        """/history?pod=POD&since=TIME&at=TIME: reads files, so the server calls it in a worker thread."""
+        if self.history is None:
+            return Response(404, b"no decision history: history.enabled is off\n")
+        status, body = self.history(parse_qs(target.partition("?")[2]))
+        if isinstance(body, str):
+            return Response(status, body.encode() + b"\n")
+        return Response(status, json_text(body, None).encode(), "application/json")
+
+    async def respond(self, method: str, target: str) -> Response:
+        """The response to a request; /history's in a worker thread."""
+        if target.split("?", 1)[0] == "/history" and method in ("GET", "HEAD"):
+            return await asyncio.to_thread(self.history_response, target)
+        return self.route(method, target)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open >= MAX_CONNECTIONS:
@@ -113,7 +134,7 @@ class HttpServer:
                 response = Response(400, b"bad request line\n")
             else:
                 method = request_line[0]
-                response = self.route(method, request_line[1])
+                response = await self.respond(method, request_line[1])
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             self.errors += 1
             writer.close()

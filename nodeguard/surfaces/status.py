@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from nodeguard import __version__
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.actuators.levers.base import Lever
 from nodeguard.daemon import Daemon
+from nodeguard.history.query import respond
+from nodeguard.history.reading import Named
 from nodeguard.policy.trace import phase_seconds, plan_to_data
 from nodeguard.surfaces.held import record_view
 
@@ -57,7 +60,23 @@ def status_of(daemon: Daemon) -> dict[str, Any]:
         },
         "warnings": [{"setting": setting, "message": message} for setting, message in daemon.warnings.items()],
         "health": daemon.health(),
+        "history": {
+            "path": daemon.history.path,
+            "written": daemon.history.counters.entries,
+            "dropped": daemon.history.counters.dropped,
+            "errors": daemon.history.counters.errors,
+        },
         "gate": daemon.gate.status(),
         "coordination": daemon.coordination.status(),
         "kubernetes": None if daemon.kube is None else daemon.kube.status(),
     }
+
+
+def history_of(daemon: Daemon, params: Mapping[str, list[str]]) -> tuple[int, dict[str, Any] | str]:
+    """/history: what ``nodeguard why`` answers, the names of the pods running now resolved too. Called in a worker
+    thread: it reads the daemon's last snapshot, which is immutable."""
+    snapshot = daemon.last_snapshot
+    live = [] if snapshot is None else [
+        Named(wid, usage.workload.name, usage.workload.pod_uid) for wid, usage in snapshot.workloads.items()
+    ]  # fmt: skip
+    return respond(daemon.settings.history.path, params, live)

@@ -21,14 +21,23 @@ from typing import Any
 import pytest
 
 from nodeguard.actuators.ledger import Ledger
-from nodeguard.model.samples import CpuMax
 from nodeguard.sources.readers import count_cpus
 from tests.support import cgroups as rc
 from tests.support.daemon import DaemonProcess
-from tests.support.node import GUARANTEED_LIMIT, SLOW, UNLIMITED, ShapedNode, kubelet_node, node_cores
+from tests.support.node import (
+    GUARANTEED_LIMIT,
+    POD_LIMIT,
+    SLOW,
+    UNLIMITED,
+    ShapedNode,
+    kubelet_node,
+    waterline,
+)
+from tests.support.node import (
+    waterline_config as config,
+)
 from tests.support.ports import free_port
 
-POD_LIMIT = CpuMax(150000)  # 1.5 cores, at the pod and at its container
 SETTLE_TICKS = 8  # ticks after convergence that must stay under the waterline
 # How far one reading may stray over the waterline in those ticks: the noise of a shared machine on one tick's node
 # CPU; an oscillation swings further, and shows in the mean too. Under emulation one tick read a full 0.1 over
@@ -41,19 +50,6 @@ NOISE_CORES = 0.2 if SLOW > 1 else 0.1
 def node(hierarchy: rc.Hierarchy) -> Iterator[ShapedNode]:
     with kubelet_node(hierarchy, POD_LIMIT, GUARANTEED_LIMIT) as shaped:
         yield shaped
-
-
-def config(node: ShapedNode, ledger: Path, threshold: float) -> dict[str, Any]:
-    """Discovery finds the pods as kubelet laid them out: the class from the tier, Guaranteed pods at the top."""
-    objective = {"metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
-                 "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.5, 3)}  # fmt: skip
-    return node.config(ledger, [objective], restoreStepPercent=25, targetMarginPercent=4)
-
-
-def waterline(node_cpus: int) -> float:
-    """70 % of the node, or higher where the machine's own work would not leave the burners a gap to make."""
-    baseline = node_cores(1.0)
-    return max(0.7 * node_cpus, min(baseline + 0.8, node_cpus - 0.4))
 
 
 @pytest.fixture

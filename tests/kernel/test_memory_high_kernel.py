@@ -28,6 +28,7 @@ from nodeguard.daemon import Daemon
 from nodeguard.model.levers import LeverChange
 from nodeguard.policy.holds import HeldMemory
 from nodeguard.sources.cgroupfs import parse_flat_keyed
+from tests.history.files import why_json
 from tests.support import cgroups as rc
 from tests.support.daemon import DaemonProcess
 from tests.support.node import SLOW
@@ -117,6 +118,7 @@ def daemon_config(pod: rc.KubeletPod, ledger: Path, threshold: int | None, on_st
                         "kubepodsPaths": [f"{parent}/kubepods"]},
             "guard": {**guard, "candidates": {"podsWithoutMetadata": True}},  # no API server: no pod has metadata
             "actuation": {"ledgerPath": str(ledger), "onStart": on_start},
+            "history": {"path": str(ledger.parent / "history")},
             "http": {"enabled": False},
             "gate": {"enabled": False},
         }
@@ -169,6 +171,14 @@ def test_a_growing_pod_is_held_near_the_waterline_without_oom_and_put_back_after
             second.stop()  # what SIGTERM runs
             assert high(pod.pod) == "max"
             assert not Ledger.load(str(ledger))
+            # After the crash and the restart: `nodeguard why` names the hold, why it was set, and its end.
+            answer = why_json(pod.pod, "--history", str(tmp_path / "history"))
+            lowered = next(e for e in answer["entries"] if e["kind"] == "memory_throttle")
+            assert lowered["relation"] == "workload" and lowered["lever"] == "memory.high" and lowered["before"] == "max"
+            assert lowered["objective"]["metric"] == "memory_total_usage"
+            assert lowered["readings"]["memory_total_usage"] > threshold
+            assert answer["entries"][-1]["kind"] == "stop" and pod.pod in answer["entries"][-1]["groups"]
+            assert answer["held"] == []
         finally:
             rc.stop(proc)
 

@@ -215,7 +215,8 @@ def test_daemonset_runs_privileged_in_the_hosts_pid_namespace() -> None:
 
 
 def test_daemonset_mounts_host_cgroups_run_dir_and_config() -> None:
-    """The host's cgroup tree, the host's /run/nodeguard and the ConfigMap are mounted where the config expects them."""
+    """The host's cgroup tree, the host's /run/nodeguard and /var/lib/nodeguard (the history) and the ConfigMap are
+    mounted where the config expects them."""
     settings = node_settings()
     by_path = mounts()
     cgroup = by_path[settings.sensing.cgroup_root]
@@ -224,6 +225,9 @@ def test_daemonset_mounts_host_cgroups_run_dir_and_config() -> None:
     assert run["hostPath"] == {"path": "/run/nodeguard", "type": "DirectoryOrCreate"}
     assert Path(settings.actuation.ledger_path).parent == Path("/run/nodeguard")
     assert Path(settings.gate.socket).parent == Path("/run/nodeguard")
+    history = Path(settings.history.path)
+    state = next(by_path[str(parent)] for parent in history.parents if str(parent) in by_path)
+    assert state["hostPath"] == {"path": "/var/lib/nodeguard", "type": "DirectoryOrCreate"}, "on the host's disk"
     config = by_path["/etc/nodeguard"]
     assert config["configMap"]["name"] == one("ConfigMap")["metadata"]["name"]
     args = daemonset_container()["args"]

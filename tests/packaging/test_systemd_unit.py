@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from nodeguard.history.settings import HistorySettings
+
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "nodeguard.service"
 BINARY = "/usr/local/bin/nodeguard"
@@ -96,6 +98,14 @@ def test_ledger_directory_survives_restarts() -> None:
     """/run/nodeguard is the unit's runtime directory and is kept when the unit stops, for the next start's reconcile."""
     assert value("RuntimeDirectory") == "nodeguard"
     assert value("RuntimeDirectoryPreserve") == "yes"
+
+
+def test_the_decision_history_is_the_units_state_directory() -> None:
+    """history.path's default is under /var/lib/nodeguard, the unit's state directory: made by systemd, private,
+    writable under ProtectSystem=strict, kept across restarts and reboots."""
+    assert Path(HistorySettings().path).parent == Path("/var/lib") / value("StateDirectory")
+    assert value("StateDirectoryMode") == "0750"
+    assert value("ProtectSystem") == "strict"
 
 
 def test_capabilities_are_only_those_the_daemon_uses() -> None:

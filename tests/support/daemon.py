@@ -16,13 +16,22 @@ from typing import Any
 from tests.support.poll import wait_until
 
 
+def in_workdir(config: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    """The config with the decision history in the test's directory unless it names one: never the host's."""
+    found = copy.deepcopy(config)
+    section = found.setdefault("global", {})
+    if isinstance(section, dict) and "path" not in section.get("history", {}):
+        section["history"] = {**section.get("history", {}), "path": str(workdir / "history")}
+    return found
+
+
 class DaemonProcess:
     """``nodeguard run`` (under ``wrapper``, if given) with JSON logs to a file the test reads."""
 
     def __init__(self, config: dict[str, Any], workdir: Path, *extra: str, wrapper: Sequence[str] = ()) -> None:
         self.workdir = workdir
         self.config_path = workdir / "nodeguard.json"
-        self.config_path.write_text(json.dumps(config))
+        self.config_path.write_text(json.dumps(in_workdir(config, workdir)))
         self.argv = ["--log-level", "debug", "run", "--config", str(self.config_path), *extra]  # nodeguard's own
         self.wrapper = list(wrapper)
         self._unstarted()

@@ -33,6 +33,7 @@ SLOW = 8.0 if IN_VM else 1.0  # emulated CPUs: every wait longer
 BURNERS = 6
 UNLIMITED = CpuMax(None)
 GUARANTEED_LIMIT = CpuMax(50000)
+POD_LIMIT = CpuMax(150000)  # a burner pod's: 1.5 cores, at the pod and at its container
 # The protected node: every pod at kubelet's weight for equal requests, the Guaranteed pod a sleeper.
 SHARES = 512  # kubelet: the pod's request (or limit) × 1024; equal here
 STALL_THRESHOLD = 5.0  # % of a tick the protected pod may wait to run
@@ -203,3 +204,17 @@ def node_cores(seconds: float) -> float:
     time.sleep(seconds)  # the measured window
     busy1, total1 = read()
     return (busy1 - busy0) / (total1 - total0) * count_cpus(Path("/proc/stat").read_text())
+
+
+def waterline_config(node: ShapedNode, ledger: Path, threshold: float) -> dict[str, Any]:
+    """A node waterline on cpu_total_usage at ``threshold`` cores for a kubelet-shaped node: discovery finds the
+    pods as kubelet laid them out (the class from the tier, Guaranteed pods at the top)."""
+    objective = {"metric": "cpu_total_usage", "action": "throttle", "triggerAfter": 2, "restoreAfter": 2,
+                 "threshold": round(threshold, 3), "restoreBelow": round(threshold - 0.5, 3)}  # fmt: skip
+    return node.config(ledger, [objective], restoreStepPercent=25, targetMarginPercent=4)
+
+
+def waterline(node_cpus: int) -> float:
+    """70 % of the node, or higher where the machine's own work would not leave the burners a gap to make."""
+    baseline = node_cores(1.0)
+    return max(0.7 * node_cpus, min(baseline + 0.8, node_cpus - 0.4))
