@@ -27,17 +27,17 @@ from nodeguard.actuators.cgroup_writer import CgroupWriter, WriteCounters
 from nodeguard.actuators.changes import Done
 from nodeguard.actuators.evictors import CgroupEvictor, Evictor
 from nodeguard.actuators.executor import Executor
-from nodeguard.actuators.ledger import Ledger, LedgerUnsaved, LeverRecord
+from nodeguard.actuators.ledger import Ledger, LeverRecord
 from nodeguard.actuators.levers.base import Lever
-from nodeguard.actuators.node_lock import NodeBusy
 from nodeguard.actuators.restore import Outcome
-from nodeguard.actuators.succession import Succession, Taken
-from nodeguard.config import Document, Settings, load_document
+from nodeguard.actuators.succession import Succession
+from nodeguard.config import Settings
+from nodeguard.config_reload import kept_on_restart, read_settings
 from nodeguard.coordination.switch import coordination_service
 from nodeguard.early_signals import EARLY, STOPS
-from nodeguard.errors import ConfigError, ConfigUnreadable
 from nodeguard.gate.switch import gate_service
 from nodeguard.guard_tick import sense, settle
+from nodeguard.handover import hand_over, wait_for_node
 from nodeguard.history.recorder import history_of
 from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.levers import MEMORY_HIGH
@@ -61,9 +61,6 @@ STALE_TICKS, STALE_SECONDS = 10, 30.0
 # Descriptors: the soft limit is raised to the hard one (systemd and container runtimes leave the soft one
 # at 1024), up to this; client connections are capped far below it (gate.maxConnections, HTTP's cap).
 WANTED_OPEN_FILES = 65_536
-# How long a daemon that handed its holds over waits for its successor to take the node before it exits anyway
-# (the ledger and the note stay for it): well inside a pod's terminationGracePeriodSeconds.
-HANDOVER_SECONDS = 10.0
 
 
 def raise_open_file_limit(wanted: int = WANTED_OPEN_FILES) -> tuple[int, int]:
@@ -109,6 +106,14 @@ def held_counts(ledger: Ledger) -> dict[str, int]:
 def given_back(outcomes: Mapping[Outcome, list[str]]) -> list[str]:
     """The groups a restore of the whole ledger left without a value of nodeguard's (a failed one still has)."""
     return [group for result, groups in outcomes.items() if result is not Outcome.FAILED for group in groups]
+
+
+def stale_ticks(last_success: float | None, tick_seconds: float) -> str | None:
+    """The guard's problem, if any: no good tick yet, or none for STALE_TICKS ticks (and STALE_SECONDS)."""
+    if last_success is None:
+        return "no successful tick yet"
+    age = time.monotonic() - last_success
+    return f"no successful tick for {age:.0f}s" if age > max(STALE_TICKS * tick_seconds, STALE_SECONDS) else None
 
 
 def say_memory_lever(settings: Settings, version: str, available: bool) -> None:
@@ -285,7 +290,8 @@ class Daemon:
             log.info("stopped while waiting for the node; touched nothing")
             return
         self.notifier.notify("STOPPING=1", "STATUS=stopping")
-        if self.succession is not None and self.succession.successor_waits() and self._hand_over(self.succession):
+        succession = self.succession
+        if succession is not None and succession.successor_waits() and hand_over(self.ledger, succession, held_counts):
             self.close()
             return
         if self.settings.actuation.on_exit == "restore":
@@ -297,28 +303,6 @@ class Daemon:
             log.info("keeping every lever's values on exit", **held_counts(self.ledger))
             self.history.lifecycle("stop", "keep", kept=(record.group for record in self.ledger))
         self.close()
-
-    def _hand_over(self, succession: Succession) -> bool:
-        """Leave every hold to the successor that waits; False when this daemon holds the node still (or again,
-        its successor gone before it took the node) and gives back instead."""
-        try:
-            self.ledger.save()
-            succession.hand_over()
-        except (LedgerUnsaved, OSError) as exc:
-            log.error("cannot hand over to the waiting successor; giving back instead", error=str(exc))
-            return False
-        started = time.monotonic()
-        taken = succession.taken(HANDOVER_SECONDS)
-        took_ms = round(1000 * (time.monotonic() - started), 1)
-        if taken is Taken.BACK:
-            log.warning("the successor went away before taking the node; giving back", waited_ms=took_ms)
-            return False
-        if taken is Taken.LEFT:
-            log.warning("the successor has not taken the node; the ledger waits for the next start",
-                        waited_ms=took_ms, **held_counts(self.ledger))  # fmt: skip
-        else:
-            log.info("handed every hold over to the successor", took_ms=took_ms, **held_counts(self.ledger))
-        return True
 
     def close(self) -> None:
         self.history.close()
@@ -336,25 +320,12 @@ class Daemon:
         return f"waiting for the node lock: {self.succession.holder()} holds it"
 
     async def _wait_for_node(self, succession: Succession) -> int | None:
-        """Wait until the predecessor lets the node go (None: held, the ledger read now), or the exit code: 0 for
-        a stop that came first, 1 when the node cannot be had."""
-        holder = succession.holder()
-        log.info("waiting to take the node over when the nodeguard that holds it stops", holder=holder)
-        self.notifier.notify(f"STATUS=waiting for the node lock: {holder} holds it")
-        started = time.monotonic()
-        try:
-            if not await succession.wait(self.stopping):
-                return 0
-        except NodeBusy as exc:
-            log.error("not starting: refusing to act beside another nodeguard", error=str(exc))
-            return 1
-        except OSError as exc:
-            log.error("not starting: cannot wait for the node", error=str(exc))
-            return 1
-        self.ledger = Ledger.load(self.settings.actuation.ledger_path)
-        self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn)
-        log.info("holding the node", waited_seconds=round(time.monotonic() - started, 3))
-        return None
+        """Wait until the predecessor lets the node go (None: held, the ledger read now), or the exit code."""
+        code = await wait_for_node(succession, self.stopping, self.notifier)
+        if code is None:
+            self.ledger = Ledger.load(self.settings.actuation.ledger_path)
+            self.executor = Executor(self.levers, self.evictor, self.ledger, self._spawn)
+        return code
 
     # --- the tick -----------------------------------------------------------------
 
@@ -447,16 +418,8 @@ class Daemon:
 
     def health(self) -> dict[str, str | None]:
         """Each part's problem, None when it is fine: /readyz is ready only when every one is None."""
-        guard = self.waiting() or self._guard_problem()
+        guard = self.waiting() or stale_ticks(self.stats.last_success, self.settings.sensing.tick_seconds)
         return {"guard": guard, "gate": self.gate.problem(), "writer": self.writer.problem()}
-
-    def _guard_problem(self) -> str | None:
-        last = self.stats.last_success
-        if last is None:
-            return "no successful tick yet"
-        stale = max(STALE_TICKS * self.settings.sensing.tick_seconds, STALE_SECONDS)
-        age = time.monotonic() - last
-        return f"no successful tick for {age:.0f}s" if age > stale else None
 
     async def _tick_loop(self) -> None:
         grid = time.monotonic()
@@ -496,39 +459,11 @@ class Daemon:
         if self.config_path is None:
             log.info("reload: no config file; nothing to do")
             return None
-        try:
-            document: Document = load_document(self.config_path)
-            settings = document.settings_for(self.labels, str(self.config_path))
-        except ConfigError as exc:
-            self.reloads["failed"] += 1
-            for problem in exc.problems:
-                log.error("reload rejected; keeping the running config", problem=problem, source=exc.source)
-            return None
-        except ConfigUnreadable as exc:
-            self.reloads["failed"] += 1
-            log.error("reload rejected; keeping the running config", problem=str(exc))
-            return None
-        return effective(settings, self.dry_run)
+        found = read_settings(self.config_path, self.labels, self.reloads)
+        return None if found is None else effective(found, self.dry_run)
 
     def _apply(self, new: Settings) -> None:
-        if (
-            new.sensing.cgroup_root != self.settings.sensing.cgroup_root
-            or new.actuation != self.settings.actuation
-            or new.history != self.settings.history
-        ):
-            log.warning("cgroupRoot, actuation and history settings change only on restart; the rest is reloaded")
-            new = new.model_copy(
-                update={
-                    "sensing": new.sensing.model_copy(
-                        update={
-                            "cgroup_root": self.settings.sensing.cgroup_root,
-                            "cgroup_version": self.settings.sensing.cgroup_version,
-                        }
-                    ),
-                    "actuation": self.settings.actuation,
-                    "history": self.settings.history,
-                }
-            )
+        new = kept_on_restart(new, self.settings)
         self.settings = new
         self.sensor.reconfigure(new)
         self._memory_objectives = memory_objectives(new)

@@ -161,7 +161,8 @@ def scan(directory: str, keep: Callable[[bytes], bool] | None = None) -> Scan:
     for index, (_, path) in enumerate(files):
         try:
             with open(path, "rb") as handle:
-                data = handle.read(MAX_FILE_BYTES)
+                # Sized by the file, not by the bound: read(n) allocates n bytes up front.
+                data = handle.read(min(os.fstat(handle.fileno()).st_size, MAX_FILE_BYTES))
         except OSError:
             continue  # deleted as the oldest since it was listed
         found.files += 1

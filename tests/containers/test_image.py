@@ -78,6 +78,9 @@ def pod_options(pod: dict[str, Any], node_name: str, config_dir: Path, run_dir: 
             source.mkdir()
         elif volume["hostPath"]["path"] == "/run/nodeguard":
             source = run_dir
+        elif volume["hostPath"]["path"] == "/var/lib/nodeguard":
+            source = run_dir.parent / "state"  # the decision history's directory, this test's own
+            source.mkdir(exist_ok=True)
         else:
             source = Path(volume["hostPath"]["path"])
         options += ["--volume", f"{source}:{mount['mountPath']}" + (":ro" if mount.get("readOnly") else "")]

@@ -74,8 +74,14 @@ class ShapedNode:
         return limits | {rel for rel, w in self.weights.items() if self.hierarchy.weight(rel) != w}
 
     def throttled(self) -> set[str]:
-        """The burners' workloads whose limit is not their original."""
-        return {pod.pod for pod in self.burners if self.hierarchy.limit(pod.pod) != self.originals[pod.pod]}
+        """The burners' pods held below their original limit: by their own limit, or (a v1 pod whose container
+        has a limit of its own above the hold) through their containers."""
+        return {pod.pod for pod in self.burners if self.held_below(pod.pod)}
+
+    def held_below(self, pod: str) -> bool:
+        """Whether the rate in force for the pod is under its original limit."""
+        rate, original = self.hierarchy.held_rate(pod), self.originals[pod].cores
+        return rate is not None and (original is None or rate < original - 1e-9)
 
     def start(
         self, burners: int = BURNERS, important_share: float = 0.3, burner_shares: list[float] | None = None
