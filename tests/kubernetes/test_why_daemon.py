@@ -171,7 +171,7 @@ def test_why_a_pod_was_throttled_after_a_crash_and_a_restart(kube: FakeKube, pki
     assert entry["gaps"]["throttle_down"]["cpu_total_usage"] > 0
     assert 1 <= entry["rank"]["position"] <= entry["rank"]["of"] <= len(node.burners), "the Guaranteed pod is none"
     assert entry["objective"]["sort_by"] == list(entry["rank"]["key"]), "the key in the objective's order"
-    assert entry["candidate"]["class"] == "Burstable" and entry["rule"] is None
+    assert entry["candidate"]["class"] == "Burstable" and entry["rule"] == "guard.candidates: class Burstable"
     start = only(answer, "start")
     assert start["relation"] == "daemon" and held.pod in start["groups"] and start["how"] == "restore"
     assert answer["held"] == []
