@@ -130,5 +130,5 @@ def test_the_daemon_throttles_a_podman_burner_and_restores_both_limits_exactly(
                 daemon.kill()
             assert hierarchy.limit(pod) == POD_LIMIT and hierarchy.limit(container) == POD_LIMIT
             assert not Ledger.load(str(tmp_path / "run" / "ledger.json")).of("cpu.max")
-            print(f"\nburner: {before:.2f} cores before, {during:.2f} under a quota of {throttled.cores:.2f}")
+            print(f"\nburner: {before:.2f} cores before, {during:.2f} under a quota of {throttled:.2f}")
 
