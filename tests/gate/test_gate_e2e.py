@@ -331,8 +331,14 @@ def test_a_restored_load_whose_client_is_gone_is_released_within_the_grace(tmp_p
     closed = free_port()
     gate = Gate(tmp_path, {"maxStarting": 1, "minRate": 0, "startTimeoutSeconds": 300}).start()
     try:
-        orphan = gate.client("gate", "--name", "orphan", "--ready-tcp", f"127.0.0.1:{closed}", "--", "sleep", "60")
-        gate.wait_state("orphan", "starting")
+        marker = tmp_path / "orphan-runs"
+        orphan = gate.client(
+            "gate", "--name", "orphan", "--ready-tcp", f"127.0.0.1:{closed}",
+            "--", "sh", "-c", f"touch {marker}; exec sleep 60",
+        )  # fmt: skip
+        # Its command runs: the client was told it is admitted, so the admission is on disk (/status shows it
+        # a moment before that).
+        wait_until(marker.exists, 20, "the orphan's command to run")
         gate.daemon.kill()
         os.killpg(orphan.pid, signal.SIGKILL)
         orphan.wait()
