@@ -2,7 +2,9 @@
 
 ``nodeguard run`` takes SIGTERM, SIGINT and SIGHUP over here, before anything
 else is imported (``early_signals``): only the interpreter's own start comes
-before, and the daemon honours a stop or a reload from then on.
+before, and the daemon honours a stop or a reload from then on. Then, while
+nothing costly has run yet, a successor asks the daemon that holds the node for
+room to start in (``successor_start``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from nodeguard.early_signals import EARLY
 
         EARLY.install()
+        from nodeguard.successor_start import announce, start_of
+
+        start = start_of(args)
+        if start is not None:  # when a daemon holds the node, room for this start is made before it costs anything
+            announce(start.ledger_path, wait_seconds=start.wait_seconds)
     from nodeguard.surfaces.cli import main as cli_main
 
     return cli_main(args)

@@ -22,28 +22,41 @@ class NodeBusy(NodeguardError):
     """Another nodeguard process acts on this node."""
 
 
-def _holder(directory_fd: int, proc_root: str) -> str:
-    """Who holds a flock on the directory: "pid N (command line)", as well as /proc/locks tells."""
-    info = os.fstat(directory_fd)
+def _locker(info: os.stat_result, proc_root: str) -> int | None:
+    """The pid of another process that holds a flock on the file ``info`` describes, as /proc/locks tells."""
     inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
     try:
         lines = Path(proc_root, "locks").read_text().splitlines()
     except OSError:
-        return "another process"
+        return None
     for line in lines:
         fields = line.split()
         # "1: FLOCK  ADVISORY  WRITE 32683 00:1d:1 0 EOF"; a blocked waiter's line has "->" first
         if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
             pid = int(fields[4])
-            if pid == os.getpid() or pid == 0:
-                continue
-            try:
-                raw = Path(proc_root, str(pid), "cmdline").read_bytes()
-                command = raw.replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                command = "?"
-            return f"pid {pid} ({command})"
-    return "another process (not visible from here)"
+            if pid != os.getpid() and pid != 0:
+                return pid
+    return None
+
+
+def _holder(directory_fd: int, proc_root: str) -> str:
+    """Who holds a flock on the directory: "pid N (command line)", as well as /proc/locks tells."""
+    if not Path(proc_root, "locks").exists():
+        return "another process"
+    pid = _locker(os.fstat(directory_fd), proc_root)
+    if pid is None:
+        return "another process (not visible from here)"
+    try:
+        raw = Path(proc_root, str(pid), "cmdline").read_bytes()
+        command = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        command = "?"
+    return f"pid {pid} ({command})"
+
+
+def holder_pid(path: str, proc_root: str = "/proc") -> int | None:
+    """The pid of another process holding a flock on ``path`` (None: nobody, or not visible); takes no lock."""
+    return _locker(os.stat(path), proc_root) if os.path.exists(path) else None
 
 
 def holder(root: str, proc_root: str = "/proc") -> str:

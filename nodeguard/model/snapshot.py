@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -68,6 +69,13 @@ class NodeUsage:
     @property
     def load_per_core(self) -> float | None:
         return None if self.load is None else self.load.load1 / self.cpus
+
+    def with_cores_reserved(self, cores: float) -> NodeUsage:
+        """The node as if ``cores`` more CPU were busy (room held for a start that is about to cost it)."""
+        if self.cores_used is None or self.cpu_utilization is None or self.cpus <= 0:
+            return self
+        utilization = self.cpu_utilization + 100.0 * cores / self.cpus
+        return dataclasses.replace(self, cores_used=self.cores_used + cores, cpu_utilization=utilization)
 
 
 @dataclass(frozen=True, slots=True)

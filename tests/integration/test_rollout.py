@@ -18,10 +18,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 
 from nodeguard.actuators.ledger import Ledger
+from nodeguard.successor_start import Starting, read_note
 from tests.containers.runtime import wait_for_the_node
 from tests.integration.crashes import held
 from tests.support import cgroups as rc
@@ -147,6 +149,7 @@ def nothing_left(daemons: Daemons) -> None:
     assert not daemons.node.changed(), f"left {sorted(daemons.node.changed())}"
     assert not Ledger.load(str(daemons.ledger)), "the ledger still holds"
     assert not Path(f"{daemons.ledger}.handover").exists()
+    assert not Path(f"{daemons.ledger}.starting").exists(), "a successor's note for room"
 
 
 class Sampler:
@@ -184,6 +187,10 @@ def test_a_successor_waits_not_ready_and_adopts_the_holds_when_the_old_daemon_st
     listen = f"127.0.0.1:{free_port()}"
     new = daemons.successor(listen)
     assert old.proc is not None and new.proc is not None
+    # It asked for room before its start cost anything, and the old daemon made it (nodeguard.successor_start).
+    assert read_note(str(daemons.ledger)) == Starting(new.proc.pid, ANY, room=True)
+    making = [e for e in old.events() if e.get("event") == "making room for a starting successor"]
+    assert [e["pid"] for e in making] == [new.proc.pid], making
     time.sleep(2.0)  # waiting a while: it says so once, not on every look at the lock
     assert events(new).count(WAITING) == 1 and "tick" not in events(new)
     assert not can_lock(Path(f"{daemons.ledger}.successor")), "a successor that says it waits holds its place"
