@@ -31,8 +31,9 @@ from nodeguard.atomic_file import UnsafeFile, read_state_file, write_atomic
 
 STARTING_SUFFIX = ".starting"
 DEFAULT_LEDGER = "/run/nodeguard/ledger.json"  # actuation.ledgerPath's default (actuators/settings.py)
-# About what a start costs within its first second (its imports and the config's validation: 0.2 s of CPU).
-START_RESERVE_CORES = 0.25
+# What a start costs within its first second (its imports and the config's validation: 0.22 s of CPU), and
+# room for a tick's noise in the node's reading (about 0.1 core on a 2-core node held under a waterline).
+START_RESERVE_CORES = 0.4
 # Ticks the successor waits for room: a waterline's default triggerAfter (2), the tick that acts, the tick that
 # measures the room, and two more for a node that does not settle at once. Past that (or MAX_ROOM_WAIT_SECONDS)
 # the holder is taken not to answer: an older version, or a gap its candidates cannot close.

@@ -189,3 +189,12 @@ def test_room_is_made_once_no_node_cpu_waterline_is_past() -> None:
     assert not room_made(plan(Metric.CPU_TOTAL_UTILIZATION))
     assert not room_made(plan(Metric.CPU_TOTAL_USAGE, Metric.MEMORY_TOTAL_USAGE))
     assert room_made(plan(Metric.MEMORY_TOTAL_UTILIZATION, Metric.PROTECTED_CPU_STALL))
+
+
+def test_the_defaults_read_before_start_are_the_settings_defaults() -> None:
+    """What the successor assumes without a config is what the daemon's settings default to."""
+    from nodeguard.actuators.settings import ActuationSettings
+    from nodeguard.sources.settings import SensingSettings
+
+    assert ActuationSettings().ledger_path == DEFAULT_LEDGER
+    assert start_of(["run"]) == Start(DEFAULT_LEDGER, 6 * SensingSettings().tick_seconds)

@@ -18,6 +18,9 @@ it is the holder's successor (a rolling update's new pod), and it waits.
   that: if its successor goes away first (stopped too, as in an uninstall
   during a rollout, or dead), it takes the node back and gives back as
   ``onExit`` says.
+- Before it even gets here, a successor asked the holder for room to start in
+  (``<ledger>.starting``, nodeguard/successor_start.py), so that its start's
+  CPU does not push the node over a waterline.
 - A daemon that stops with no successor waiting gives back as ``onExit`` says. A
   daemon killed outright leaves the ledger as it was; the next start restores or
   adopts it as ``onStart`` says (or adopts it, if a handover note is there).
