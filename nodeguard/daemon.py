@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import resource
@@ -38,7 +37,7 @@ from nodeguard.coordination.switch import coordination_service
 from nodeguard.early_signals import EARLY, STOPS
 from nodeguard.gate.switch import gate_service
 from nodeguard.guard_tick import sense, settle
-from nodeguard.handover import hand_over, wait_for_node
+from nodeguard.handover import StartRoom, hand_over, wait_for_node
 from nodeguard.history.recorder import history_of
 from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.levers import MEMORY_HIGH
@@ -50,13 +49,6 @@ from nodeguard.policy.planner import Plan
 from nodeguard.policy.state import GuardState
 from nodeguard.sd_notify import Notifier
 from nodeguard.sources.sensor import Sensor
-from nodeguard.successor_start import (
-    START_RESERVE_CORES,
-    Starting,
-    note_room,
-    remove_note,
-    successor_starting,
-)
 from nodeguard.tick_schedule import next_tick
 
 if TYPE_CHECKING:  # features that are off are not imported (the Kubernetes client's httpx, the MQTT client)
@@ -103,15 +95,6 @@ def memory_objectives(settings: Settings) -> bool:
         o.metric == Metric.PROTECTED_MEMORY_STALL
         or (o.action == "throttle" and CAPABILITIES[o.metric].resource is Resource.MEMORY)
         for o in settings.guard.objectives
-    )
-
-
-def room_made(plan: Plan) -> bool:
-    """Whether a tick planned with a starting successor's room read no node CPU waterline past its line: the
-    room is there, measured over a whole tick, and the successor may start."""
-    return not any(
-        CAPABILITIES[metric].resource is Resource.CPU and not CAPABILITIES[metric].protected
-        for metric in plan.gaps.throttle_down
     )
 
 
@@ -270,7 +253,7 @@ class Daemon:
         self._extra_tasks: set[asyncio.Task[None]] = set()
         self._reloading = False
         self._reload_pending = False
-        self._room_for: int | None = None  # the starting successor this daemon makes room for
+        self.room = StartRoom(actuation.ledger_path, self.settings.sensing.proc_root)  # for a starting successor
 
     # --- lifecycle ----------------------------------------------------------------
 
@@ -304,7 +287,6 @@ class Daemon:
     def stop(self) -> None:
         """Hand every hold over to a successor that waits; else restore them (or keep them, as onExit says)."""
         if self._waits():
-            remove_note(self.settings.actuation.ledger_path, os.getpid())
             self.close()
             log.info("stopped while waiting for the node; touched nothing")
             return
@@ -327,8 +309,7 @@ class Daemon:
         self.history.close()
         self.sensor.close()
         if self.succession is not None:
-            if self.succession.holding:  # a note for room whose successor is gone goes with this daemon
-                successor_starting(self.settings.actuation.ledger_path, self.settings.sensing.proc_root)
+            self.room.tidy()
             self.succession.release()
 
     def _waits(self) -> bool:
@@ -355,9 +336,7 @@ class Daemon:
         started = time.monotonic()
         follow = self._memory_objectives or self.ledger.holds(MEMORY_HIGH.name)
         snapshot = sense(self.sensor, follow, None if self.kube is None else self.kube.enrich)
-        starting = self._successor_starting()
-        if starting is not None:
-            snapshot = dataclasses.replace(snapshot, node=snapshot.node.with_cores_reserved(START_RESERVE_CORES))
+        snapshot = self.room.counted(snapshot, self.succession is not None and self.succession.holding)
         self._warn_without_metadata()
         self.gate.observe(snapshot.node)
         writes = self.writer.counters.writes
@@ -370,8 +349,7 @@ class Daemon:
             # Start the next rate window after the writes: a window that began
             # before them would show part of the old usage and over-throttle.
             self.sensor.sense()
-        if starting is not None and room_made(plan):
-            note_room(self.settings.actuation.ledger_path, starting)
+        self.room.answer(plan)
         if log.is_enabled_for(logging.DEBUG):  # the fields cost building every tick; only at debug level
             log.debug(
                 "tick",
@@ -391,16 +369,6 @@ class Daemon:
             observe(took)
         self._notify_tick(plan)
         return plan
-
-    def _successor_starting(self) -> Starting | None:
-        """A successor that asked for room to start in (nodeguard.successor_start): its CPU is counted ahead."""
-        if self.succession is None or not self.succession.holding:
-            return None
-        starting = successor_starting(self.settings.actuation.ledger_path, self.settings.sensing.proc_root)
-        if starting is not None and starting.pid != self._room_for:
-            log.info("making room for a starting successor", pid=starting.pid, cores=START_RESERVE_CORES)
-        self._room_for = None if starting is None else starting.pid
-        return starting
 
     def _warn_without_metadata(self) -> None:
         """Once kubelet's pods are found (the first tick, at start) and again when what it means changes."""

@@ -2,11 +2,14 @@
 
 The ledger is saved and the node let go; the successor adopts every record before its first tick. Should the
 successor go away before it takes the node, the stopping daemon has the node again and gives back instead.
+Before that, while the successor starts, the daemon that holds the node makes room for its start
+(``StartRoom``; the successor's side is nodeguard/successor_start.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -14,7 +17,11 @@ from nodeguard.actuators.ledger import Ledger, LedgerUnsaved
 from nodeguard.actuators.node_lock import NodeBusy
 from nodeguard.actuators.succession import Succession, Taken
 from nodeguard.log import get_logger
+from nodeguard.model.snapshot import Snapshot
+from nodeguard.policy.metrics import CAPABILITIES, Resource
+from nodeguard.policy.planner import Plan
 from nodeguard.sd_notify import Notifier
+from nodeguard.successor_start import START_RESERVE_CORES, Starting, note_room, successor_starting
 
 log = get_logger("nodeguard.daemon")
 
@@ -63,3 +70,42 @@ async def wait_for_node(succession: Succession, stopping: asyncio.Event, notifie
         return 1
     log.info("holding the node", waited_seconds=round(time.monotonic() - started, 3))
     return None
+
+
+def room_made(plan: Plan) -> bool:
+    """Whether a tick planned with a starting successor's room read no node CPU waterline past its line: the
+    room is there, measured over a whole tick, and the successor may start."""
+    return not any(
+        CAPABILITIES[metric].resource is Resource.CPU and not CAPABILITIES[metric].protected
+        for metric in plan.gaps.throttle_down
+    )
+
+
+class StartRoom:
+    """The room a daemon that holds the node makes for a successor that asked for it: its start's CPU counted
+    ahead in the node's readings, each tick while the successor's note is there."""
+
+    def __init__(self, ledger_path: str, proc_root: str) -> None:
+        self.ledger_path, self.proc_root = ledger_path, proc_root
+        self.starting: Starting | None = None
+
+    def counted(self, snapshot: Snapshot, holding: bool) -> Snapshot:
+        """The tick's snapshot with the room counted, while a live successor asks for it (and this daemon holds
+        the node: a successor's own note goes at its first tick)."""
+        starting = successor_starting(self.ledger_path, self.proc_root) if holding else None
+        if starting is not None and (self.starting is None or starting.pid != self.starting.pid):
+            log.info("making room for a starting successor", pid=starting.pid, cores=START_RESERVE_CORES)
+        self.starting = starting
+        if starting is None:
+            return snapshot
+        return dataclasses.replace(snapshot, node=snapshot.node.with_cores_reserved(START_RESERVE_CORES))
+
+    def answer(self, plan: Plan) -> None:
+        """Tell the successor to start once the tick planned with its room has it."""
+        if self.starting is not None and room_made(plan):
+            note_room(self.ledger_path, self.starting)
+
+    def tidy(self) -> None:
+        """At the daemon's stop: this daemon's own note (it stopped while it waited) and a note whose successor is
+        gone, go with it."""
+        successor_starting(self.ledger_path, self.proc_root)

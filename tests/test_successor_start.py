@@ -179,7 +179,7 @@ def test_room_is_made_once_no_node_cpu_waterline_is_past() -> None:
     from types import SimpleNamespace
     from typing import Any
 
-    from nodeguard.daemon import room_made
+    from nodeguard.handover import room_made
     from nodeguard.policy.metrics import Metric
 
     def plan(*past: Metric) -> Any:
