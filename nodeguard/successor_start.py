@@ -5,8 +5,8 @@ A new daemon's start (its imports and the config's validation) costs about
 in would read over the waterline, on every rolling update. So ``nodeguard
 run`` looks first, before anything slow is imported, whether a daemon holds
 its ledger's lock (``/proc/locks``: no lock is taken). If one does, it writes
-``<ledger>.starting`` (its pid) and waits, at most ``ROOM_WAIT_TICKS`` of its ticks, until
-the holder notes ``room`` in it. The holder counts ``START_RESERVE_CORES`` more
+``<ledger>.starting`` (its pid) and waits, at most ``ROOM_WAIT_TICKS`` of
+its ticks, until the holder notes ``room`` in it. The holder counts ``START_RESERVE_CORES`` more
 node CPU while a live successor's note is there, so that its CPU waterlines
 hold that much more back once their ``triggerAfter`` is met, and notes the room
 once a tick reads every CPU waterline met with the room counted. The successor
@@ -31,6 +31,7 @@ from nodeguard.atomic_file import UnsafeFile, read_state_file, write_atomic
 
 STARTING_SUFFIX = ".starting"
 DEFAULT_LEDGER = "/run/nodeguard/ledger.json"  # actuation.ledgerPath's default (actuators/settings.py)
+DEFAULT_TICK_SECONDS = 1.0  # sensing.tickSeconds' default (sources/settings.py)
 # What a start costs within its first second (its imports and the config's validation: 0.22 s of CPU), and
 # room for a tick's noise in the node's reading (about 0.1 core on a 2-core node held under a waterline).
 START_RESERVE_CORES = 0.4
@@ -39,7 +40,6 @@ START_RESERVE_CORES = 0.4
 # the holder is taken not to answer: an older version, or a gap its candidates cannot close.
 ROOM_WAIT_TICKS = 6
 MAX_ROOM_WAIT_SECONDS = 10.0
-ROOM_WAIT_SECONDS = ROOM_WAIT_TICKS * 1.0  # at sensing.tickSeconds' default
 # A note older than this is a start that went wrong: the room it asked for is given back.
 NOTE_SECONDS = 30.0
 POLL_SECONDS = 0.02
@@ -60,7 +60,7 @@ class Start:
     """What ``nodeguard run`` asks for room with: its ledger, and how long it waits for the answer."""
 
     ledger_path: str
-    wait_seconds: float = ROOM_WAIT_SECONDS
+    wait_seconds: float
 
 
 def start_of(argv: Sequence[str]) -> Start | None:
@@ -76,7 +76,7 @@ def start_of(argv: Sequence[str]) -> Start | None:
         elif word.startswith("--config="):
             config = word.split("=", 1)[1]
     if config is None:
-        return Start(DEFAULT_LEDGER)
+        return _start(DEFAULT_LEDGER, DEFAULT_TICK_SECONDS)
     try:
         with open(config, encoding="utf-8") as handle:
             settings = json.load(handle).get("global", {})  # a perNode rule's is not known before start
@@ -84,12 +84,16 @@ def start_of(argv: Sequence[str]) -> Start | None:
         if actuation.get("dryRun") is True:
             return None
         path = actuation.get("ledgerPath", DEFAULT_LEDGER)
-        tick = float(sensing.get("tickSeconds", 1.0))
+        tick = float(sensing.get("tickSeconds", DEFAULT_TICK_SECONDS))
     except (OSError, ValueError, TypeError, AttributeError):
         return None  # the daemon's own validation says what is wrong with it; nothing is announced
     if not isinstance(path, str) or not path or not tick > 0:
         return None
-    return Start(path, min(ROOM_WAIT_TICKS * tick, MAX_ROOM_WAIT_SECONDS))
+    return _start(path, tick)
+
+
+def _start(ledger_path: str, tick_seconds: float) -> Start:
+    return Start(ledger_path, min(ROOM_WAIT_TICKS * tick_seconds, MAX_ROOM_WAIT_SECONDS))
 
 
 def read_note(ledger_path: str) -> Starting | None:
@@ -106,17 +110,16 @@ def _write(ledger_path: str, note: Starting) -> None:
     write_atomic(ledger_path + STARTING_SUFFIX, json.dumps(body).encode(), durable=False)
 
 
-def remove_note(ledger_path: str, pid: int | None = None) -> None:
-    """Remove the note (only ``pid``'s, when given)."""
-    if pid is not None:
-        note = read_note(ledger_path)
-        if note is None or note.pid != pid:
-            return
+def remove_note(ledger_path: str, pid: int) -> None:
+    """Remove ``pid``'s note (read again: another successor's may have replaced it meanwhile)."""
+    note = read_note(ledger_path)
+    if note is None or note.pid != pid:
+        return
     with contextlib.suppress(OSError):
         os.unlink(ledger_path + STARTING_SUFFIX)
 
 
-def announce(ledger_path: str, proc_root: str = "/proc", wait_seconds: float = ROOM_WAIT_SECONDS) -> bool:
+def announce(ledger_path: str, wait_seconds: float, proc_root: str = "/proc") -> bool:
     """Ask the daemon that holds this ledger for room, and wait for it (or ``wait_seconds``); False when no daemon
     holds the ledger, and nothing was asked."""
     try:
