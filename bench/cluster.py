@@ -139,8 +139,8 @@ class Auditor:
         return peak
 
     def close(self) -> None:
+        self.client.disconnect()  # first: the network loop then ends at once, not at its next 1 s select
         self.client.loop_stop()
-        self.client.disconnect()
 
 
 class Reporter:

@@ -129,6 +129,31 @@ class Selection:
         below = self.candidates.below_priority
         return Role.UNSELECTED if below is not None and workload.priority >= below else Role.CANDIDATE
 
+    def roles(self, workloads: Mapping[str, WorkloadUsage]) -> dict[str, Role]:
+        """``role`` of every workload, the rules' lookups bound once: a plan asks this of every workload."""
+        role = self.role
+        if self.stall_protect or self.memory_protect is not None or self._exempt_pods or self._labels is not None:
+            return {wid: role(u.workload) for wid, u in workloads.items()}
+        # The common shape, inlined: no protect list, pod selector or label selector to match.
+        without_metadata, exempt, namespaces = self._without_metadata, self._exempt_namespaces, self._namespaces
+        classes, below = self.classes, self.candidates.below_priority
+        out: dict[str, Role] = {}
+        for wid, usage in workloads.items():
+            w = usage.workload
+            if w.protected:
+                out[wid] = Role.PROTECTED
+            elif (not w.metadata_known and not without_metadata) or (w.kind == "pod" and w.namespace in exempt):
+                out[wid] = Role.EXEMPT
+            elif (
+                (w.kind == "pod" and namespaces is not None and w.namespace not in namespaces)
+                or w.qos_class not in classes
+                or (below is not None and w.priority >= below)
+            ):
+                out[wid] = Role.UNSELECTED
+            else:
+                out[wid] = Role.CANDIDATE
+        return out
+
     def choose(self, workload: Workload) -> Choice:
         """The workload's role and the rule that decided it, in words (the trace's)."""
         if workload.protected:
@@ -219,8 +244,7 @@ class Choices(Mapping[str, Choice]):
     def roles(self) -> Mapping[str, Role]:
         """Every workload's role, without the rules' words (worked out once, when first asked)."""
         if self._roles is None:
-            role = self._select().role
-            self._roles = {wid: role(u.workload) for wid, u in self._workloads.items()}
+            self._roles = self._select().roles(self._workloads)
         return self._roles
 
     def _all(self) -> dict[str, Choice]:

@@ -19,7 +19,9 @@ from tests.support.poll import wait_until
 CAP = 4
 SEM = "prepare"
 NODES = tuple(f"n{i}" for i in range(10))
-CLUSTER = ClusterSpec(NODES, seeds=NODES[:3], caps={SEM: CAP}, cut="n5")
+# No test here drains a node while others stay. The fixture stops all ten at once, and the last to go has no one
+# left to hand its slots to: it waits its whole drain, so the drain here is short.
+CLUSTER = ClusterSpec(NODES, seeds=NODES[:3], caps={SEM: CAP}, cut="n5", timings={"drainSeconds": 0.5})
 WILL = float(TIMINGS["willDelaySeconds"])
 
 
@@ -216,8 +218,8 @@ def test_malformed_foreign_and_duplicated_messages_are_ignored_and_counted(broke
                                            "ledger": own}).encode()))  # fmt: skip
         for topic, payload in publish:
             client.publish(topic, payload, qos=1).wait_for_publish(5)
-        client.loop_stop()
         client.disconnect()
+        client.loop_stop()
         wait_until(lambda: node.status()["counters"].get("ignored.bad_copy", 0) >= 1, 5, "every message read",
                    detail=node.log_tail)  # fmt: skip
         status = node.status()
@@ -265,8 +267,8 @@ def test_a_persistent_broker_restart_keeps_retained_state_and_wills(tmp_path: Pa
         try:
             wait_until(lambda: "nodeguard/test/ledger/p3" in retained, 10, "the dead node's retained ledger")
         finally:
-            probe.loop_stop()
             probe.disconnect()
+            probe.loop_stop()
         live = [nodes[n] for n in names[:3]]
 
         def accounted() -> bool:  # the victim's slot adopted by its heir: every slot in a live allotment

@@ -229,8 +229,9 @@ def test_a_tier_holding_an_exempt_pod_keeps_its_weight() -> None:
 
 
 def test_the_fast_role_is_the_role_of_the_worded_choice() -> None:
-    """``Selection.role``, what each tick asks of every workload, agrees with ``choose`` (the trace's words) over
-    every mix of kind, metadata, namespace, labels, class, priority and protection, under several configs."""
+    """``Selection.role`` and ``roles`` (what each tick asks of every workload) agree with ``choose`` (the trace's
+    words) over every mix of kind, metadata, namespace, labels, class, priority and protection, under several
+    configs."""
     import itertools
 
     from nodeguard.model.workloads import Workload
@@ -268,7 +269,10 @@ def test_the_fast_role_is_the_role_of_the_worded_choice() -> None:
         rules = guard(*objective, **config)
         protect = tuple(rules.objectives[0].protect or ()) if objective else ()
         selection = Selection(rules, protect, None, "nodeguard")
-        for workload in workloads:
+        empty = [None] * (len(WorkloadUsage._fields) - 1)
+        roles = selection.roles({str(i): WorkloadUsage(w, *empty) for i, w in enumerate(workloads)})
+        for i, workload in enumerate(workloads):
             assert selection.role(workload) is selection.choose(workload).role, (config, objective, workload)
+            assert roles[str(i)] is selection.choose(workload).role, (config, objective, workload)
             checked += 1
     assert checked == len(configs) * len(objectives) * len(workloads) > 3000

@@ -90,8 +90,8 @@ class WireAuditor:
         self.client.loop_start()
 
     def close(self) -> None:
+        self.client.disconnect()  # first: the network loop then ends at once, not at its next 1 s select
         self.client.loop_stop()
-        self.client.disconnect()
 
     def set_caps(self, semaphores: dict[str, int]) -> None:
         """A reload: the bound is the largest cap configured since the auditor started."""
