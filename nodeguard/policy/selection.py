@@ -137,21 +137,22 @@ class Selection:
         # The common shape, inlined: no protect list, pod selector or label selector to match.
         without_metadata, exempt, namespaces = self._without_metadata, self._exempt_namespaces, self._namespaces
         classes, below = self.classes, self.candidates.below_priority
+        protected, exempted, unselected, candidate = Role.PROTECTED, Role.EXEMPT, Role.UNSELECTED, Role.CANDIDATE
         out: dict[str, Role] = {}
         for wid, usage in workloads.items():
             w = usage.workload
             if w.protected:
-                out[wid] = Role.PROTECTED
+                out[wid] = protected
             elif (not w.metadata_known and not without_metadata) or (w.kind == "pod" and w.namespace in exempt):
-                out[wid] = Role.EXEMPT
+                out[wid] = exempted
             elif (
                 (w.kind == "pod" and namespaces is not None and w.namespace not in namespaces)
                 or w.qos_class not in classes
                 or (below is not None and w.priority >= below)
             ):
-                out[wid] = Role.UNSELECTED
+                out[wid] = unselected
             else:
-                out[wid] = Role.CANDIDATE
+                out[wid] = candidate
         return out
 
     def choose(self, workload: Workload) -> Choice:
