@@ -118,9 +118,6 @@ class Draft:
         self.evicted: list[tuple[str, bool]] = []
         self.last_eviction: dict[bool, float] = {}
         self.protect: ProtectState | None = None
-        # The lookups a throttle makes for every candidate it weighs, bound once.
-        self._throttles_before = before.held(HeldThrottle)
-        self._quotas_before = before.quotas
 
     # --- reading through ----------------------------------------------------------
 
@@ -146,12 +143,7 @@ class Draft:
         return out
 
     def throttle(self, group: str) -> HeldThrottle | None:
-        """``hold(HeldThrottle, group)``, inlined: a throttle asks it of every candidate it weighs."""
-        if self.holds:
-            found = self.holds.get((HeldThrottle.lever, group), _UNSET)
-            if found is not _UNSET:
-                return found  # type: ignore[return-value]
-        return self._throttles_before.get(group)
+        return self.hold(HeldThrottle, group)
 
     def memory(self, group: str) -> HeldMemory | None:
         return self.hold(HeldMemory, group)
@@ -159,7 +151,7 @@ class Draft:
     def quota(self, group: str) -> CpuMax | None:
         """The quota this tick lowered it to, if it did."""
         found = self.quotas.get(group) if self.quotas else None
-        return found if found is not None else self._quotas_before.get(group)
+        return found if found is not None else self.before.quotas.get(group)
 
     def limit(self, usage: WorkloadUsage) -> CpuMax | None:
         """A workload's CPU limit as this tick has planned it so far: the quota lowered now, else nodeguard's
