@@ -70,7 +70,7 @@ def test_weights_stay_down_under_lasting_contention_and_come_back_when_it_ends(
         alone = p99(probe_lateness(alone_out.read_text(), round(since * 1e6), round(time.monotonic() * 1e6)))
         assert alone is not None, "the probe reported no unit"
 
-        node.procs += [pod.start_busy() for pod in node.burners]
+        node.start_burners()
         tier = f"{node.parent}/kubepods/burstable"
         daemon.start()
         daemon.wait_for(lambda: node.hierarchy.weight(tier) != node.weights[tier], 30 * SLOW, "the weight lowered")

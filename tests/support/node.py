@@ -50,7 +50,8 @@ class ShapedNode:
     important: rc.KubeletPod
     sensing: dict[str, Any]  # how discovery finds these workloads
     workloads: dict[str, Any] = field(default_factory=dict)  # the config's workloads section, if any
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)  # every process started in its groups
+    burning: list[subprocess.Popen[bytes]] = field(default_factory=list)  # the burners' processes among them
     originals: dict[str, CpuMax] = field(default_factory=dict)
     weights: dict[str, int] = field(default_factory=dict)
 
@@ -102,11 +103,27 @@ class ShapedNode:
                        for i, pod in enumerate(pods)]  # fmt: skip
             awaited = [important, *started]
         self.procs += started
+        self.burning += started
         rc.wait_started(awaited, 30 * SLOW)
 
+    def start_burners(self) -> None:
+        """One CPU-burning process in every burner pod, the important workload left as it is."""
+        started = [pod.start_busy() for pod in self.burners]
+        self.procs += started
+        self.burning += started
+
     def stop_burners(self) -> None:
-        for proc in self.procs[1:]:
-            rc.stop(proc)
+        """Every burner's process stopped, the burner pods left empty; the important workload keeps running."""
+        for proc in self.burning:
+            if proc.poll() is None:
+                rc.stop(proc)
+        self.burning.clear()
+        left = {pod.inner: tasks for pod in self.burners if (tasks := self.tasks(pod.inner))}
+        assert not left, f"processes still in burner pods: {left}"
+
+    def tasks(self, rel: str) -> list[int]:
+        """The pids in the group ``rel`` (its directory in the writable hierarchy)."""
+        return [int(pid) for pid in (self.hierarchy.writable / rel / "cgroup.procs").read_text().split()]
 
     def stop_all(self) -> None:
         for proc in self.procs:
