@@ -136,11 +136,11 @@ class Changer:
         original (None: the ledger holds nothing of the group)."""
         if change.target is not None:
             target = lever.resolve(change.group, change.target)
-            return change if target == change.target else replace(change, target=target)
+            return change if target == change.target else change._replace(target=target)
         if not change.release:
-            return replace(change, target=lever.strongest(change.group))
+            return change._replace(target=lever.strongest(change.group))
         held = self.ledger.get(change.lever, change.group)
-        return None if held is None else replace(change, target=held.original, give_back=held.original)
+        return None if held is None else change._replace(target=held.original, give_back=held.original)
 
     def _settled(self, lever: Lever, change: LeverChange) -> LeverChange:
         """A release keeps a value someone else set since nodeguard's (theirs now), and otherwise the original."""
@@ -149,7 +149,7 @@ class Changer:
             return change
         current = lever.read(change.group)
         if held.ownership(current) is Ownership.MOVED:
-            return replace(change, target=current, give_back=current)
+            return change._replace(target=current, give_back=current)
         return change
 
     def _withhold(
@@ -172,7 +172,7 @@ class Changer:
                 continue
             assert change.target is not None
             if old is not None and lever.restricts(old.holds, change.target):
-                release = replace(change, target=old.original, give_back=old.original, release=True)
+                release = change._replace(target=old.original, give_back=old.original, release=True)
                 self.ledger.records[change.key] = old
                 try:
                     now, back = lever.plan(release.group, old.original, child_originals(self.ledger, release.key))

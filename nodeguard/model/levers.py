@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from nodeguard.model.workloads import Workload
 
@@ -98,11 +98,12 @@ class NoDetails:
 NO_DETAILS = NoDetails()
 
 
-@dataclass(frozen=True, slots=True)
-class LeverChange:
+class LeverChange(NamedTuple):
     """Set one group's value with one lever: what the plan asks, what the executor applies, what Events tell.
 
-    Values are the lever's canonical text. ``target`` None asks for the
+    A named tuple: a plan makes one per throttle, a hundred in a busy tick,
+    and a tuple is made four times faster than a frozen dataclass of as many
+    fields. Values are the lever's canonical text. ``target`` None asks for the
     lever's strongest hold on the group (a weight's least, which only the
     kernel's files tell), or, for a release, the original the ledger keeps.
     """

@@ -199,13 +199,16 @@ class PlanContext:
         (before this tick) nor held back after a refused write."""
         if self._candidates is None:
             roles = self.choices.roles()
-            pending = self.evictions
             candidate = Role.CANDIDATE
-            self._candidates = [
-                u
-                for wid, u in self.workloads.items()
-                if roles[wid] is candidate and wid not in pending and wid not in self.holding
-            ]
+            # roles() lists every workload in the snapshot's order: zipped, not looked up by id.
+            pending, holding = self.evictions, self.holding
+            if pending or holding:
+                found = [u for (wid, u), role in zip(self.workloads.items(), roles.values(), strict=True)
+                         if role is candidate and wid not in pending and wid not in holding]  # fmt: skip
+            else:
+                found = [u for u, role in zip(self.workloads.values(), roles.values(), strict=True)
+                         if role is candidate]  # fmt: skip
+            self._candidates = found
         return self._candidates
 
     def candidate_count(self) -> int | None:

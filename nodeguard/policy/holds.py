@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Protocol, Self, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, Self, TypeVar
 
 from nodeguard.model.levers import CPU_QUOTA, CPU_WEIGHT, MEMORY_HIGH, LeverKey
 from nodeguard.model.samples import CpuMax
@@ -73,9 +73,10 @@ class Hold(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class QuotaDetails:
-    """A quota change as the trace shows it: the limits in cores, and what it releases or whether it released."""
+class QuotaDetails(NamedTuple):
+    """A quota change as the trace shows it: the limits in cores, and what it releases or whether it released.
+
+    A named tuple, as LeverChange: one per throttle of a busy tick."""
 
     quota: CpuMax
     previous: CpuMax
@@ -94,8 +95,7 @@ class QuotaDetails:
             yield "full", self.full
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryDetails:
+class MemoryDetails(NamedTuple):
     """A memory.high change as the trace shows it: bytes (or "max"), and what it may release or whether it
     released."""
 

@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from nodeguard.model.levers import CPU_WEIGHT, WEIGHT_IDLE, LeverChange
 from nodeguard.model.workloads import QosClass
 from nodeguard.policy.context import PlanContext, fmt
-from nodeguard.policy.decisions import Decision, Draft, Planned
+from nodeguard.policy.decisions import NOTHING, Decision, Draft, Planned
 from nodeguard.policy.holds import HeldThrottle, LoweredWeight
 from nodeguard.policy.metrics import Metric
 from nodeguard.policy.protect import StallSeen, judge, observe, on_trial, settled, step, weighed, weights_may_return
+from nodeguard.policy.protect_state import ProtectPhase
 from nodeguard.policy.ranking import Ranked
 from nodeguard.policy.restore import raise_quotas
 from nodeguard.policy.selection import Role
@@ -36,10 +37,12 @@ STALL = Metric.PROTECTED_CPU_STALL
 
 def begin(ctx: PlanContext, before: Planned) -> Decision:
     """Remember this tick's reading; one more tick of the quotas' trial, and give them back if futile."""
+    line = ctx.stall_line
+    state = before.protect
+    if line is None and state.trial is None:
+        return NOTHING  # no reading to remember, no trial to judge: most nodes' every tick
     draft = Draft(before)
     tuning = ctx.guard.protect
-    state = before.protect
-    line = ctx.stall_line
     if line is not None:
         state = observe(state, ctx.readings[STALL], line.threshold, ctx.now, tuning)
     if state != before.protect:
@@ -92,8 +95,10 @@ def end(ctx: PlanContext, before: Planned, acted: bool) -> Decision:
     weight is what keeps the harm away); at once where no candidate is left under it, and when no
     protected_cpu_stall objective is left. Then the phase the tick leaves protection in (``acted``: the stall
     line stepped this tick)."""
-    draft = Draft(before)
     line = ctx.stall_line
+    if line is None and before.protect.phase is ProtectPhase.CALM and not before.held(LoweredWeight):
+        return NOTHING  # nothing to put back, and a calm phase stays calm without the line
+    draft = Draft(before)
     value = ctx.readings[STALL] if line is not None else None
     below = line is not None and value is not None and line.restore_below is not None and value < line.restore_below
     if before.held(LoweredWeight):

@@ -58,7 +58,9 @@ def cpu_usage(usage: WorkloadUsage) -> float:
 
 
 def ext_cpu_usage(usage: WorkloadUsage) -> float:
-    return -max(0.0, (usage.cores or 0.0) - (usage.workload.cpu_request_cores or 0.0))
+    # -max(0.0, over) without the call to max (half this part's sort time), -0.0 included.
+    over = (usage.cores or 0.0) - (usage.workload.cpu_request_cores or 0.0)
+    return -over if over > 0.0 else -0.0
 
 
 def memory_usage(usage: WorkloadUsage) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -174,3 +175,11 @@ def test_class_never_inverted(workloads: list[WorkloadUsage]) -> None:
     ranks = {QosClass.BEST_EFFORT: 0, QosClass.BURSTABLE: 1, QosClass.GUARANTEED: 2}
     order = [ranks[u.workload.qos_class] for u in CPU_USAGE_SORTER.sort(workloads)]
     assert order == sorted(order)
+
+
+@given(st.one_of(st.none(), st.floats(0, 16)), st.one_of(st.none(), st.floats(0, 4)))
+def test_ext_cpu_usage_is_the_usage_past_the_request_negated(cores: float | None, request: float | None) -> None:
+    """ext_cpu_usage is -max(0, cores - request) with None as 0, down to the sign of a zero the trace prints."""
+    expected = -max(0.0, (cores or 0.0) - (request or 0.0))
+    found = ext_cpu_usage(usage("w", cores=cores, request=request))
+    assert (found, math.copysign(1.0, found)) == (expected, math.copysign(1.0, expected))
