@@ -83,16 +83,28 @@ class Scene:
 
 
 def settings_for(sensing: dict[str, Any], groups: list[dict[str, Any]]) -> Settings:
-    return Settings.model_validate({
-        "sensing": {"cgroupRoot": "/sys/fs/cgroup", "tickSeconds": TICK, "discoverySeconds": 3600, **sensing},
-        "workloads": {"groups": groups},
-        "guard": {"objectives": [{"metric": "cpu_total_utilization", "action": "throttle", "triggerAfter": 1,
-                                  "threshold": WATERLINE_PCT, "restoreBelow": WATERLINE_PCT - 20}],
-                  # Aim 2 % of the node under the waterline: the room one tick's noise needs in the VM.
-                  "minQuotaCores": FLOOR_CORES, "targetMarginPercent": 1,
-                  # No API server: kubelet-shaped pods have no metadata, and may be acted on anyway.
-                  "candidates": {"podsWithoutMetadata": True}},
-    })
+    return Settings.model_validate(
+        {
+            "sensing": {"cgroupRoot": "/sys/fs/cgroup", "tickSeconds": TICK, "discoverySeconds": 3600, **sensing},
+            "workloads": {"groups": groups},
+            "guard": {
+                "objectives": [
+                    {
+                        "metric": "cpu_total_utilization",
+                        "action": "throttle",
+                        "triggerAfter": 1,
+                        "threshold": WATERLINE_PCT,
+                        "restoreBelow": WATERLINE_PCT - 20,
+                    }
+                ],
+                # Aim 2 % of the node under the waterline: the room one tick's noise needs in the VM.
+                "minQuotaCores": FLOOR_CORES,
+                "targetMarginPercent": 1,
+                # No API server: kubelet-shaped pods have no metadata, and may be acted on anyway.
+                "candidates": {"podsWithoutMetadata": True},
+            },
+        }
+    )
 
 
 @contextlib.contextmanager
@@ -106,10 +118,13 @@ def duty_cycle_scene(stack: contextlib.ExitStack, procs: list[subprocess.Popen[b
     yield Scene(
         [f"{parent}/{n}" for n in names[1:]],
         f"{parent}/important",
-        settings_for({"kubepods": False}, [
-            {"match": f"{parent}/be-*", "class": "BestEffort"},
-            {"match": f"{parent}/important", "class": "Guaranteed", "priority": 1000, "protected": True},
-        ]),
+        settings_for(
+            {"kubepods": False},
+            [
+                {"match": f"{parent}/be-*", "class": "BestEffort"},
+                {"match": f"{parent}/important", "class": "Guaranteed", "priority": 1000, "protected": True},
+            ],
+        ),
     )
 
 
@@ -153,10 +168,14 @@ def run_strategy(scene_name: str, name: str) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     # nodeguard runs as the daemon does (its tick: sense, plan, act, rebase);
     # the other strategies get the same sensor and quota writer.
-    with contextlib.ExitStack() as stack, SCENES[scene_name](stack, procs) as scene, \
-            tempfile.TemporaryDirectory() as run_dir:
-        settings = scene.settings.model_copy(update={"actuation": scene.settings.actuation.model_copy(
-            update={"ledger_path": f"{run_dir}/ledger.json"})})
+    with (
+        contextlib.ExitStack() as stack,
+        SCENES[scene_name](stack, procs) as scene,
+        tempfile.TemporaryDirectory() as run_dir,
+    ):
+        settings = scene.settings.model_copy(
+            update={"actuation": scene.settings.actuation.model_copy(update={"ledger_path": f"{run_dir}/ledger.json"})}
+        )
         daemon = Daemon(settings) if name == "nodeguard" else None
         sensor = daemon.sensor if daemon is not None else Sensor(settings)
         quota = QuotaLever(CgroupWriter(sensor.layout.writable), "v2")
@@ -253,18 +272,41 @@ def daemon_cost(workloads: int = 200, seconds: float = 20.0) -> dict[str, float]
     parent = rc.unique_name("ngbench")
     with tempfile.TemporaryDirectory() as tmp, rc.cgroups(*[mount / parent / f"w{i:03d}" for i in range(workloads)]):
         config = Path(tmp) / "config.json"
-        config.write_text(json.dumps({"global": {
-            "sensing": {"cgroupRoot": str(mount), "cgroupVersion": "v2", "tickSeconds": 1.0, "kubepods": False},
-            "workloads": {"groups": [{"match": f"{parent}/*", "class": "BestEffort"}]},
-            "guard": {"objectives": [{"metric": "cpu_total_usage", "action": "throttle", "threshold": "99%",
-                                      "restoreBelow": "90%"}]},
-            "actuation": {"ledgerPath": f"{tmp}/run/ledger.json"},
-            "http": {"listen": "127.0.0.1:0"},
-            "gate": {"socket": f"{tmp}/run/gate.sock"},
-        }}))
+        config.write_text(
+            json.dumps(
+                {
+                    "global": {
+                        "sensing": {
+                            "cgroupRoot": str(mount),
+                            "cgroupVersion": "v2",
+                            "tickSeconds": 1.0,
+                            "kubepods": False,
+                        },
+                        "workloads": {"groups": [{"match": f"{parent}/*", "class": "BestEffort"}]},
+                        "guard": {
+                            "objectives": [
+                                {
+                                    "metric": "cpu_total_usage",
+                                    "action": "throttle",
+                                    "threshold": "99%",
+                                    "restoreBelow": "90%",
+                                }
+                            ]
+                        },
+                        "actuation": {"ledgerPath": f"{tmp}/run/ledger.json"},
+                        "http": {"listen": "127.0.0.1:0"},
+                        "gate": {"socket": f"{tmp}/run/gate.sock"},
+                    }
+                }
+            )
+        )
         bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"])
-        daemon = subprocess.Popen([sys.executable, "-m", "nodeguard", "run", "--config", str(config)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "nodeguard", "run", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=REPO,
+        )
         try:
             time.sleep(1.0)
             bare_rss = peak_rss_mb(bare.pid)
@@ -299,8 +341,12 @@ def main() -> int:
         print(json.dumps({"error": reason}))
         return 1
     with tempfile.TemporaryDirectory() as out:
-        result = run_in_vm([sys.executable, str(Path(__file__).resolve()), "--in-vm", "--runs", str(args.runs)],
-                           cwd=str(REPO), out_dir=Path(out), timeout=600 + 300 * args.runs)
+        result = run_in_vm(
+            [sys.executable, str(Path(__file__).resolve()), "--in-vm", "--runs", str(args.runs)],
+            cwd=str(REPO),
+            out_dir=Path(out),
+            timeout=600 + 300 * args.runs,
+        )
         if result.exit_code != 0:
             print(result.console[-3000:])
             print(json.dumps({"error": f"VM run failed with {result.exit_code}"}))
@@ -312,9 +358,11 @@ def main() -> int:
                 print(f"{scene:10} {name:13} {run}")
     cost = daemon_cost()
     print(f"daemon with {cost['daemon_workloads']} workloads: {cost}")
-    summary = {"strategies": {n: worst(r) for n, r in scenes["duty_cycle"].items()},
-               "strategies_elastic": {n: worst(r) for n, r in scenes["elastic"].items()},
-               **{k: v for k, v in cost.items() if k != "daemon_workloads"}}
+    summary = {
+        "strategies": {n: worst(r) for n, r in scenes["duty_cycle"].items()},
+        "strategies_elastic": {n: worst(r) for n, r in scenes["elastic"].items()},
+        **{k: v for k, v in cost.items() if k != "daemon_workloads"},
+    }
     print(json.dumps(summary))
     return 0
 

@@ -112,7 +112,9 @@ def main() -> int:
                 result[f"{shape}_search_us"] = median_us(lambda root=root: find_kubepods(root))
                 if found:
                     assert len(discover(root, [], found)) == PODS
-                    result[f"{shape}_discover_us_per_pod"] = round(median_us(lambda root=root: discover(root, [])) / PODS, 2)
+                    result[f"{shape}_discover_us_per_pod"] = round(
+                        median_us(lambda root=root: discover(root, [])) / PODS, 2
+                    )
             print(f"{shape}: {result[f'{shape}_dirs']} dirs, search {result[f'{shape}_search_us']} us", flush=True)
     print(json.dumps(result))
     return 0

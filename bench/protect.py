@@ -387,7 +387,10 @@ def ticks_to_target(daemon: DaemonProcess, listen: str) -> dict[str, Any]:
         (e.get("readings") or {}).get("protected_cpu_stall") for e in daemon.events() if e.get("event") == "tick"
     ]
     status: Any = None
-    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(f"http://{listen}/status", timeout=30) as response:
+    with (
+        contextlib.suppress(OSError, ValueError),
+        urllib.request.urlopen(f"http://{listen}/status", timeout=30) as response,
+    ):
         status = json.loads(response.read())
     found = {"protect_status": status.get("protected") if isinstance(status, dict) else None}
     if not any(r is not None for r in readings):
@@ -489,8 +492,11 @@ def daemon_tail(windows: dict[str, list[Window]], late_ms: float) -> dict[str, A
     if held:
         return {"daemon_tail_ratio": None, "daemon_tail_note": f"probe throttled by its own limit: {', '.join(held)}",
                 "daemon_tail_windows": each, "daemon_tail_late_per_1000": late}  # fmt: skip
-    return {"daemon_tail_ratio": round(worst["protect"] / worst["static_lever"], 2), "daemon_tail_windows": each,
-            "daemon_tail_late_per_1000": late}
+    return {
+        "daemon_tail_ratio": round(worst["protect"] / worst["static_lever"], 2),
+        "daemon_tail_windows": each,
+        "daemon_tail_late_per_1000": late,
+    }
 
 
 # --- levers: static settings on the burner pods --------------------------------------------------------
@@ -670,26 +676,45 @@ def host_v1() -> rc.Hierarchy | str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0, help="measured window per strategy (levers: 12)")
-    parser.add_argument("--warmup", type=float, default=None,
-                        help="seconds before each window (default 10: a strategy's start and the work queued while "
-                        "harmed settle first; levers: 3)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds before each window (default 10: a strategy's start and the work queued while "
+        "harmed settle first; levers: 3)",
+    )
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS), help="default: all")
     parser.add_argument("--strategy", action="append", choices=list(STRATEGIES), help="default: all")
-    parser.add_argument("--fixed-work", action="store_true",
-                        help="units of a fixed count of iterations calibrated alone (default: 4 ms of CPU each)")
-    parser.add_argument("--levers", action="store_true",
-                        help="measure static levers on the burners instead")
+    parser.add_argument(
+        "--fixed-work",
+        action="store_true",
+        help="units of a fixed count of iterations calibrated alone (default: 4 ms of CPU each)",
+    )
+    parser.add_argument("--levers", action="store_true", help="measure static levers on the burners instead")
     parser.add_argument("--lever", action="append", choices=[lv.name for lv in LEVERS], help="with --levers: a subset")
-    parser.add_argument("--vm", action="store_true",
-                        help="run the strategies in the QEMU VM on a pure cgroup v2 kernel (tests/kernel/vm.py; "
-                        "2 vCPUs, Python 15-25x slower under emulation) instead of on this host's cgroup v1")
-    parser.add_argument("--paired", action="store_true",
-                        help="each strategy's ratio against an alone run just before it (always so in the VM)")
-    parser.add_argument("--tick", type=float, default=DAEMON_TICK,
-                        help="the daemon's tickSeconds (default: the daemon's own default, 1 s)")
-    parser.add_argument("--tail-pairs", type=int, default=2,
-                        help="how many times protect and static_lever are measured, interleaved, for "
-                        "daemon_tail_ratio (default 2)")
+    parser.add_argument(
+        "--vm",
+        action="store_true",
+        help="run the strategies in the QEMU VM on a pure cgroup v2 kernel (tests/kernel/vm.py; "
+        "2 vCPUs, Python 15-25x slower under emulation) instead of on this host's cgroup v1",
+    )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="each strategy's ratio against an alone run just before it (always so in the VM)",
+    )
+    parser.add_argument(
+        "--tick",
+        type=float,
+        default=DAEMON_TICK,
+        help="the daemon's tickSeconds (default: the daemon's own default, 1 s)",
+    )
+    parser.add_argument(
+        "--tail-pairs",
+        type=int,
+        default=2,
+        help="how many times protect and static_lever are measured, interleaved, for daemon_tail_ratio (default 2)",
+    )
     parser.add_argument("--in-vm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.vm:
@@ -746,8 +771,9 @@ def run(args: argparse.Namespace, hierarchy: rc.Hierarchy) -> dict[str, Any]:
                 for name in pair:
                     found = bench.strategy(scenario, name)
                     print(f"{scenario:16} {f'{name} #{again}':15} {json.dumps(found)}  load={load()}", flush=True)
-            tail = daemon_tail({name: bench.windows.get((scenario, name), []) for name in pair},
-                               LATE_MARGIN * bench.alone_p99)
+            tail = daemon_tail(
+                {name: bench.windows.get((scenario, name), []) for name in pair}, LATE_MARGIN * bench.alone_p99
+            )
             result["scenarios"][scenario] = {**per, **tail}
         # The alone baseline again at the end: how far the machine's other work moved it during the run.
         result["alone_p99_ms_at_end"] = bench.alone()["alone_p99_ms"]

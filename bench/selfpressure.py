@@ -94,8 +94,9 @@ def main() -> int:
         print(json.dumps({"error": reason}))
         return 1
     with tempfile.TemporaryDirectory() as out:
-        result = run_in_vm([sys.executable, str(Path(__file__).resolve()), "--in-vm"], cwd=str(REPO),
-                           out_dir=Path(out), timeout=600)
+        result = run_in_vm(
+            [sys.executable, str(Path(__file__).resolve()), "--in-vm"], cwd=str(REPO), out_dir=Path(out), timeout=600
+        )
         if result.exit_code != 0:
             print(result.console[-3000:])
             print(json.dumps({"error": f"VM run failed with {result.exit_code}"}))

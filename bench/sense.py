@@ -158,13 +158,17 @@ def main() -> int:
     # These cgroups are idle, so every file is unchanged between passes and the
     # reader reuses its last parse; measure the parse of every file too.
     parsed = measure(mount, 1000, reuse_unchanged=False)
-    print(f" 1000 cgroups, parsing every file: nodeguard {parsed['nodeguard_us_per_cgroup']} us/cgroup, "
-          f"floor {parsed['floor_us_per_cgroup']} us/cgroup, ratio {parsed['ratio']}")
+    print(
+        f" 1000 cgroups, parsing every file: nodeguard {parsed['nodeguard_us_per_cgroup']} us/cgroup, "
+        f"floor {parsed['floor_us_per_cgroup']} us/cgroup, ratio {parsed['ratio']}"
+    )
     # A memory objective or a held memory.high: memory.high and memory.pressure are read each tick too.
     memory = measure(mount, 1000, memory=True)
-    print(f" 1000 cgroups, memory followed: nodeguard {memory['nodeguard_us_per_cgroup']} us/cgroup, "
-          f"floor {memory['floor_us_per_cgroup']} us/cgroup, ratio {memory['ratio']} "
-          f"({memory['files_per_cgroup']:.0f} files/cgroup)")
+    print(
+        f" 1000 cgroups, memory followed: nodeguard {memory['nodeguard_us_per_cgroup']} us/cgroup, "
+        f"floor {memory['floor_us_per_cgroup']} us/cgroup, ratio {memory['ratio']} "
+        f"({memory['files_per_cgroup']:.0f} files/cgroup)"
+    )
     for result in results:
         print(
             f"{result['cgroups']:>5} cgroups: nodeguard {result['nodeguard_us_per_cgroup']} us/cgroup, "
@@ -174,14 +178,24 @@ def main() -> int:
     last = results[-1]
     stall = stall_costs(last["nodeguard_us_per_cgroup"])
     if stall:
-        print(f"protected_cpu_stall adds {stall['stall_added_us_per_active_pod']} us a tick per active pod "
-              f"(= {stall['stall_added_in_cgroups']} idle cgroups' sensing; following the pod: "
-              f"{stall['active_pod_follow_us']} us)")
-    print(json.dumps({**last, "ratio_parsing_every_file": parsed["ratio"],
-                      "nodeguard_us_per_cgroup_parsing_every_file": parsed["nodeguard_us_per_cgroup"],
-                      "ratio_memory_followed": memory["ratio"],
-                      "nodeguard_us_per_cgroup_memory_followed": memory["nodeguard_us_per_cgroup"],
-                      "at_100": results[0], **stall}))
+        print(
+            f"protected_cpu_stall adds {stall['stall_added_us_per_active_pod']} us a tick per active pod "
+            f"(= {stall['stall_added_in_cgroups']} idle cgroups' sensing; following the pod: "
+            f"{stall['active_pod_follow_us']} us)"
+        )
+    print(
+        json.dumps(
+            {
+                **last,
+                "ratio_parsing_every_file": parsed["ratio"],
+                "nodeguard_us_per_cgroup_parsing_every_file": parsed["nodeguard_us_per_cgroup"],
+                "ratio_memory_followed": memory["ratio"],
+                "nodeguard_us_per_cgroup_memory_followed": memory["nodeguard_us_per_cgroup"],
+                "at_100": results[0],
+                **stall,
+            }
+        )
+    )
     return 0
 
 

@@ -103,18 +103,26 @@ def main() -> int:
     taskstats = (time.perf_counter() - start) / (rounds * len(tids)) * 1e6
     stats.close()
     stop.set()
-    print(f"schedstat (kept-open pread): {schedstat:.2f} µs/thread; taskstats (netlink via pyroute2): {taskstats:.2f} µs/thread")
+    print(
+        f"schedstat (kept-open pread): {schedstat:.2f} µs/thread; taskstats (netlink via pyroute2): {taskstats:.2f} µs/thread"
+    )
     pod = pod_costs()
     if pod:
-        print(f"one kubelet-shaped pod (3 cgroups, 4 threads) per tick: {pod['pod_sample_us']} µs, of which the "
-              f"descendants' throttled time {pod['pod_descendants_throttled_us']} µs")
-    print(json.dumps({
-        "threads": len(tids),
-        "schedstat_us_per_thread": round(schedstat, 2),
-        "taskstats_us_per_thread": round(taskstats, 2),
-        "ratio": round(taskstats / schedstat, 1),
-        **pod,
-    }))
+        print(
+            f"one kubelet-shaped pod (3 cgroups, 4 threads) per tick: {pod['pod_sample_us']} µs, of which the "
+            f"descendants' throttled time {pod['pod_descendants_throttled_us']} µs"
+        )
+    print(
+        json.dumps(
+            {
+                "threads": len(tids),
+                "schedstat_us_per_thread": round(schedstat, 2),
+                "taskstats_us_per_thread": round(taskstats, 2),
+                "ratio": round(taskstats / schedstat, 1),
+                **pod,
+            }
+        )
+    )
     return 0
 
 

@@ -278,13 +278,18 @@ def test_objectives_that_would_feed_on_their_own_throttles_are_refused() -> None
     pressure = {"metric": "cpu_pressure", "threshold": 40, "restoreBelow": 20, "action": "throttle"}
     with pytest.raises(ConfigError) as raised:
         parse_document({"global": {"guard": {"objectives": [pressure]}}})
-    assert raised.value.problems[0].startswith("global.guard.objectives[0].action: a throttle objective on cpu_pressure")
+    assert raised.value.problems[0].startswith(
+        "global.guard.objectives[0].action: a throttle objective on cpu_pressure"
+    )
     assert "79 % 'some'" in raised.value.problems[0]
     evict = {"metric": "cpu_pressure", "threshold": 40, "action": "evict"}
     with pytest.raises(ConfigError) as raised:
         parse_document({"global": {"guard": {"objectives": [throttle, evict]}}})
     assert "objectives[1].metric is cpu_pressure" in raised.value.problems[0]
-    assert parse_document({"global": {"guard": {"objectives": [evict]}}}).global_.guard.objectives[0].metric == "cpu_pressure"
+    assert (
+        parse_document({"global": {"guard": {"objectives": [evict]}}}).global_.guard.objectives[0].metric
+        == "cpu_pressure"
+    )
 
 
 def test_guard_protect_defaults_and_the_old_weight_hold_key() -> None:

@@ -1,4 +1,4 @@
-"""The code stays ruff-clean and mypy --strict clean (run as part of the suite, like CI)."""
+"""The code stays ruff-clean, ruff-formatted and mypy --strict clean (run as part of the suite, like CI)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,12 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_ruff_clean() -> None:
     """ruff reports nothing on the package, tests and benchmarks."""
     result = run("ruff", "check", "nodeguard", "tests", "bench")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format_clean() -> None:
+    """ruff format would change nothing in the package, tests and benchmarks."""
+    result = run("ruff", "format", "--check", "nodeguard", "tests", "bench")
     assert result.returncode == 0, result.stdout + result.stderr
 
 

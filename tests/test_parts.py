@@ -32,7 +32,9 @@ def module_graph(package: Path = PACKAGE) -> dict[str, dict[str, set[str]]]:
         for node in ast.walk(ast.parse(path.read_text())):
             targets: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names]
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module for a in node.names
+                ]
             elif isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             for target in targets:
@@ -89,7 +91,13 @@ def cycles(graph: dict[str, dict[str, set[str]]]) -> list[list[str]]:
 
 def closing_imports(graph: dict[str, dict[str, set[str]]], found: list[list[str]]) -> list[str]:
     """The imports inside the cycles found: ``a -> b (where)``."""
-    return [f"{a} -> {b} ({', '.join(sorted(graph[a][b]))})" for cycle in found for a in cycle for b in cycle if b in graph[a]]
+    return [
+        f"{a} -> {b} ({', '.join(sorted(graph[a][b]))})"
+        for cycle in found
+        for a in cycle
+        for b in cycle
+        if b in graph[a]
+    ]
 
 
 def test_the_parts_form_a_dag() -> None:

@@ -101,6 +101,8 @@ def test_no_import_cycle_between_bench_modules() -> None:
     assert len(graph) > 10, "bench/ was not found"
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
-        return any(nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in graph.get(start, ()))
+        return any(
+            nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})) for nxt in graph.get(start, ())
+        )
 
     assert [name for name in sorted(graph) if reaches(name, name, {name})] == []

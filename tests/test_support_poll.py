@@ -22,7 +22,9 @@ def test_a_wait_past_its_timeout_fails_naming_what_and_the_detail() -> None:
     asked = itertools.count()
     start = time.monotonic()
     with pytest.raises(AssertionError, match=r"timed out after 0\.2s waiting for the thing\nasked \d+ times"):
-        wait_until(lambda: next(asked) < 0, 0.2, "the thing", interval=0.01, detail=lambda: f"asked {next(asked)} times")
+        wait_until(
+            lambda: next(asked) < 0, 0.2, "the thing", interval=0.01, detail=lambda: f"asked {next(asked)} times"
+        )
     assert 0.2 <= time.monotonic() - start < 2
 
 

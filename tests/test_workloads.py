@@ -28,7 +28,9 @@ def test_probe_reports_one_lateness_per_released_unit(tmp_path: Path, iterations
     assert (calibrated is not None and calibrated > 0) if iterations == 0 else calibrated is None
     lateness = probe_lateness(text)
     assert min(lateness) >= 1.0, "every unit is late by at least its work (4 ms alone; 1 ms leaves room for turbo)"
-    releases = [int(line.split()[0]) for line in text.splitlines() if not line.startswith("#") and len(line.split()) == 2]
+    releases = [
+        int(line.split()[0]) for line in text.splitlines() if not line.startswith("#") and len(line.split()) == 2
+    ]
     steps = {b - a for a, b in itertools.pairwise(releases)}
     assert steps <= {9_999, 10_000, 10_001}, f"releases are 10 ms apart (±1 µs rounding), none skipped: {steps}"
 

@@ -80,7 +80,9 @@ def ulimit_args() -> list[str]:
 
 class CommandFailed(AssertionError):
     def __init__(self, args: Sequence[str], result: subprocess.CompletedProcess[str]) -> None:
-        super().__init__(f"{' '.join(args)} exited {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-4000:]}")
+        super().__init__(
+            f"{' '.join(args)} exited {result.returncode}:\n{result.stdout[-2000:]}{result.stderr[-4000:]}"
+        )
         self.result = result
 
 
@@ -121,7 +123,9 @@ class Podman:
         """``podman run -d`` of a container on the host's network, with the caller's limits."""
         return self.command("run", "-d", "--name", name, "--network", "host", *ulimit_args(), *options, image, *command)
 
-    def run(self, name: str, image: str, command: Sequence[str], options: Sequence[str] = (), timeout: float = 120) -> str:
+    def run(
+        self, name: str, image: str, command: Sequence[str], options: Sequence[str] = (), timeout: float = 120
+    ) -> str:
         """Start a container and return its id."""
         args = self.run_args(name, image, command, options)
         result = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
@@ -355,10 +359,18 @@ def debian_base_image(podman: Podman) -> str:
         mirror = debian_mirror(codename)
         args = ["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", codename, str(root)]
         with log.open("w") as out:
-            done = subprocess.run([*args, *([mirror] if mirror else [])], stdout=out, stderr=subprocess.STDOUT, timeout=900)
+            done = subprocess.run(
+                [*args, *([mirror] if mirror else [])], stdout=out, stderr=subprocess.STDOUT, timeout=900
+            )
         if done.returncode != 0:
             pytest.fail(f"mmdebstrap failed ({done.returncode}):\n{log.read_text()[-3000:]}")
-        for junk in ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale"):
+        for junk in (
+            "var/cache/apt/archives",
+            "var/lib/apt/lists",
+            "usr/share/doc",
+            "usr/share/man",
+            "usr/share/locale",
+        ):
             for child in (root / junk).glob("*"):
                 if child.is_dir() and not child.is_symlink():
                     shutil.rmtree(child)
@@ -387,7 +399,9 @@ def build_context_files() -> list[Path]:
     """The files the Dockerfile's build context holds (.dockerignore lets in only these)."""
     files = [REPO / "Dockerfile", REPO / ".dockerignore", REPO / "pyproject.toml", REPO / "README.md"]
     files += sorted(
-        p for p in (REPO / "nodeguard").rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        p
+        for p in (REPO / "nodeguard").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
     )
     return files
 
@@ -441,7 +455,6 @@ def install_hook(hooks_dir: Path, socket: Path, extra_args: Sequence[str] = (), 
     hooks_dir.mkdir(parents=True, exist_ok=True)
     (hooks_dir / "nodeguard.json").write_text(json.dumps(hook, indent=2))
     return hook
-
 
 
 def kill_hooks(socket: Path) -> None:

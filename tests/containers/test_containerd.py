@@ -132,7 +132,10 @@ def test_containerd_containers_in_both_drivers_pod_layouts_are_found(tmp_path: P
             assert (container["id"], container["runtime"], container["sandbox"]) == (cid, runtime_name, False)
         # The containers' processes are in those cgroups: containerd and runc put them there.
         tasks = containerd.tasks()
-        for cid, path in ((bare_id, f"{cgroupfs_pod}/{bare_id}"), (scope_id, f"{systemd_pod}/cri-containerd-{scope_id}.scope")):
+        for cid, path in (
+            (bare_id, f"{cgroupfs_pod}/{bare_id}"),
+            (scope_id, f"{systemd_pod}/cri-containerd-{scope_id}.scope"),
+        ):
             assert f":/{path}\n" in Path(f"/proc/{tasks[cid]}/cgroup").read_text(), path
     finally:
         for cid in started:

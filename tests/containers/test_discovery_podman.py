@@ -45,8 +45,12 @@ def test_pods_and_their_podman_containers_are_found(tmp_path: Path, podman: Podm
         hierarchy = host_hierarchy()
         assert (hierarchy.writable / pods["besteffort"] / "conmon").is_dir(), "podman's monitors' cgroup"
         slice_pod = f"/{parent}/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uids['besteffort'].replace('-', '_')}.slice"
-        refused = podman.result("run", "--rm", *runtime.ulimit_args(), "--cgroup-parent", slice_pod, busybox_image, "true")
-        assert refused.returncode != 0 and "systemd slice received as cgroup parent when using cgroupfs" in refused.stderr
+        refused = podman.result(
+            "run", "--rm", *runtime.ulimit_args(), "--cgroup-parent", slice_pod, busybox_image, "true"
+        )
+        assert (
+            refused.returncode != 0 and "systemd slice received as cgroup parent when using cgroupfs" in refused.stderr
+        )
 
         config = {"global": {"sensing": {"kubepodsPaths": [f"{parent}/kubepods"]}, "http": {"enabled": False}}}
         found = {w["workload"]["id"]: w["workload"] for w in snapshot(config, tmp_path)["workloads"]}
@@ -131,4 +135,3 @@ def test_the_daemon_throttles_a_podman_burner_and_restores_both_limits_exactly(
             assert hierarchy.limit(pod) == POD_LIMIT and hierarchy.limit(container) == POD_LIMIT
             assert not Ledger.load(str(tmp_path / "run" / "ledger.json")).of("cpu.max")
             print(f"\nburner: {before:.2f} cores before, {during:.2f} under a quota of {throttled:.2f}")
-

@@ -166,7 +166,9 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.coordination.node_process", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.coordination.node_process", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--config", required=True)
     parser.add_argument("--node", help="this node's name (default: coordination.nodeName, NODE_NAME, hostname)")
     parser.add_argument("--burst", type=int, default=0, help="loads to start at once")

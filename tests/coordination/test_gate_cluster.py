@@ -21,10 +21,14 @@ FIRST, CUT = NODES[0], NODES[5]  # CUT reaches the broker through a proxy the te
 CAP = 3
 LOADS_PER_NODE = 2
 # The cluster cap is what binds, not the gate's own.
-CLUSTER = ClusterSpec(NODES, seeds=(FIRST,), caps={"prepare": CAP}, cut=CUT, gate={"maxStarting": 8, "maxStartingPerCore": None})
+CLUSTER = ClusterSpec(
+    NODES, seeds=(FIRST,), caps={"prepare": CAP}, cut=CUT, gate={"maxStarting": 8, "maxStartingPerCore": None}
+)
 
 
-def test_servers_on_ten_nodes_never_start_more_than_the_cluster_cap(cluster: Cluster[GatedDaemon], tmp_path: Path) -> None:
+def test_servers_on_ten_nodes_never_start_more_than_the_cluster_cap(
+    cluster: Cluster[GatedDaemon], tmp_path: Path
+) -> None:
     """Twenty real servers through `nodeguard gate --semaphore` on ten daemons: at most three start at once in the cluster, and all become ready."""
     log = tmp_path / "servers.log"
     for name, node in cluster.nodes.items():
@@ -97,7 +101,9 @@ def test_unknown_semaphore_is_refused_by_name(cluster: Cluster[GatedDaemon]) -> 
     assert cluster.nodes[FIRST].gate.request({"op": "ping"})["ok"]
 
 
-def test_a_node_cut_off_the_broker_fails_its_starting_load_and_the_others_take_the_slot(cluster: Cluster[GatedDaemon]) -> None:
+def test_a_node_cut_off_the_broker_fails_its_starting_load_and_the_others_take_the_slot(
+    cluster: Cluster[GatedDaemon],
+) -> None:
     """Past its lease a cut-off node revokes its cluster slot (its starting load fails); after its will the slot serves another node."""
     c, a = cluster.nodes[CUT].gate, cluster.nodes[FIRST].gate
     notify = {"type": "notify"}
@@ -129,7 +135,9 @@ def test_a_node_cut_off_the_broker_fails_its_starting_load_and_the_others_take_t
     assert cluster.nodes[CUT].coordination()["counters"].get("rollbacks", 0) == 1
 
 
-def test_a_restarted_daemon_claims_the_slot_of_its_starting_load_before_any_new_load(cluster: Cluster[GatedDaemon]) -> None:
+def test_a_restarted_daemon_claims_the_slot_of_its_starting_load_before_any_new_load(
+    cluster: Cluster[GatedDaemon],
+) -> None:
     """A starting load outlives a daemon restart: it gets its cluster slot back first, and a newer load waits behind it."""
     a = cluster.nodes[FIRST].gate
     notify = {"type": "notify"}

@@ -32,9 +32,7 @@ def max_starting(log: Path) -> int:
     return max_overlap([(r["start"], min(r.get("ready", now), r.get("end", now))) for r in read_records(log).values()])
 
 
-def load(
-    cluster: Cluster[GatedDaemon], node: str, name: str, seconds: float, log: Path
-) -> subprocess.Popen[bytes]:
+def load(cluster: Cluster[GatedDaemon], node: str, name: str, seconds: float, log: Path) -> subprocess.Popen[bytes]:
     """`nodeguard gate --semaphore prepare --notify` on ``node``, of a load that starts for ``seconds`` and records
     itself in ``log``."""
     return cluster.nodes[node].gate.client(
@@ -48,7 +46,9 @@ def started(name: str, log: Path, timeout: float = 20) -> float:
     return float(wait_until(lambda: read_records(log).get(name, {}).get("start"), timeout, f"{name} started"))
 
 
-def test_a_node_drained_and_restarted_keeps_its_starting_load_s_slot(cluster: Cluster[GatedDaemon], tmp_path: Path) -> None:
+def test_a_node_drained_and_restarted_keeps_its_starting_load_s_slot(
+    cluster: Cluster[GatedDaemon], tmp_path: Path
+) -> None:
     """A rolling restart (SIGTERM, started again) of the node whose load holds the only slot: the load goes on
     starting, no other node's load starts meanwhile, and once it is ready the others get the slot."""
     log = tmp_path / "loads.log"
@@ -74,7 +74,9 @@ def test_a_node_drained_and_restarted_keeps_its_starting_load_s_slot(cluster: Cl
     assert min(rec["start"] for name, rec in done.items() if name != "inflight") > done["inflight"]["ready"]
 
 
-def test_a_crashed_node_s_client_stops_its_load_before_the_heir_takes_the_slot(cluster: Cluster[GatedDaemon], tmp_path: Path) -> None:
+def test_a_crashed_node_s_client_stops_its_load_before_the_heir_takes_the_slot(
+    cluster: Cluster[GatedDaemon], tmp_path: Path
+) -> None:
     """The daemon of the node holding the only slot is killed and stays down: its `nodeguard gate --notify` stops
     the command within the lease less a heartbeat, and only after that does a load elsewhere start on the slot."""
     log = tmp_path / "loads.log"
@@ -93,7 +95,9 @@ def test_a_crashed_node_s_client_stops_its_load_before_the_heir_takes_the_slot(c
     assert max_starting(log) == CAP
 
 
-def test_a_notify_load_on_a_node_cut_off_the_broker_is_stopped_when_its_slot_is_revoked(cluster: Cluster[GatedDaemon], tmp_path: Path) -> None:
+def test_a_notify_load_on_a_node_cut_off_the_broker_is_stopped_when_its_slot_is_revoked(
+    cluster: Cluster[GatedDaemon], tmp_path: Path
+) -> None:
     """`nodeguard gate --notify` watches its load from submission: when its node loses the broker past the lease
     and revokes the slot, the command is stopped before it says READY=1, and the slot serves another node."""
     log = tmp_path / "loads.log"

@@ -116,13 +116,27 @@ def test_a_bug_in_one_request_is_reported_and_the_gate_goes_on(tmp_path: Path) -
 
 JSON_LEAVES = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 JSON_VALUES = st.recursive(
-    JSON_LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    JSON_LEAVES,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )
 OPS = st.sampled_from(["submit", "wait", "ready", "release", "cancel", "attach", "status", "ping", "bogus"])
 REQUESTS = st.dictionaries(
-    st.sampled_from(["op", "id", "name", "dependsOn", "readiness", "priority", "startTimeoutSeconds", "detach",
-                     "semaphore", "until", "x"]),
+    st.sampled_from(
+        [
+            "op",
+            "id",
+            "name",
+            "dependsOn",
+            "readiness",
+            "priority",
+            "startTimeoutSeconds",
+            "detach",
+            "semaphore",
+            "until",
+            "x",
+        ]
+    ),
     JSON_VALUES,
     max_size=6,
 ).flatmap(lambda fields: OPS.map(lambda op: {"op": op, **fields} if "op" not in fields else fields))

@@ -65,8 +65,11 @@ def test_infinite_start_timeouts_are_refused_on_submit(tmp_path: Path) -> None:
     with served(tmp_path) as gate:
         wait_until(lambda: ping(gate.socket), 10, "the gate")
         session = Session(gate.socket)
-        for raw in (b'{"op":"submit","name":"a","startTimeoutSeconds":1e999}', b'{"op":"submit","name":"a",'
-                    b'"startTimeoutSeconds":1e308}', b'{"op":"submit","name":"a","startTimeoutSeconds":Infinity}'):
+        for raw in (
+            b'{"op":"submit","name":"a","startTimeoutSeconds":1e999}',
+            b'{"op":"submit","name":"a","startTimeoutSeconds":1e308}',
+            b'{"op":"submit","name":"a","startTimeoutSeconds":Infinity}',
+        ):
             answer = session.request(raw)
             assert answer["ok"] is False and answer["error"]["code"] == "invalid", answer
         session.close()
@@ -80,8 +83,7 @@ def test_two_starting_records_of_one_name_hold_one_slot(tmp_path: Path) -> None:
         assert gate.call(lambda: gate.gate.table.starting) == 1
         session = Session(gate.socket)
         assert session.request({"op": "release", "name": "twin"})["ok"]
-        answer = session.request({"op": "submit", "name": "next", "detach": True,
-                                  "readiness": {"type": "notify"}})
+        answer = session.request({"op": "submit", "name": "next", "detach": True, "readiness": {"type": "notify"}})
         session.close()
         assert answer["ok"] and answer["load"]["state"] == "starting", answer
         assert gate.call(lambda: gate.gate.table.starting) == 1

@@ -23,8 +23,7 @@ def test_an_unexpected_error_restarts_the_gate_which_keeps_its_loads(tmp_path: P
     with capture_logs() as logs, served(tmp_path, maxStarting=5) as gate:
         wait_until(lambda: ping(gate.socket), 10, "the gate")
         session = Session(gate.socket)
-        assert session.request({"op": "submit", "name": "kept", "detach": True,
-                                "readiness": {"type": "notify"}})["ok"]
+        assert session.request({"op": "submit", "name": "kept", "detach": True, "readiness": {"type": "notify"}})["ok"]
         session.close()
         writer = gate.gate._writer
         original = writer.write

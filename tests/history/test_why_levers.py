@@ -101,7 +101,8 @@ def test_memory_high_why_after_a_restart(tmp_path: Path) -> None:
     assert f"memory_throttle  memory.high on batch/big: max -> {entry['after']}" in text.stdout
     assert "objective objectives[0]: throttle past memory_total_utilization 80%, restore below 70%" in text.stdout
     assert (
-        "candidate: Burstable, priority 0 (guard.candidates: classes BestEffort, Burstable); rule: guard.candidates: class Burstable" in text.stdout
+        "candidate: Burstable, priority 0 (guard.candidates: classes BestEffort, Burstable); rule: guard.candidates: class Burstable"
+        in text.stdout
     )
     assert "Nothing nodeguard holds back" in text.stdout
 

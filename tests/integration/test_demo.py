@@ -26,7 +26,10 @@ def test_demo_completes_and_cleans_up(where: str) -> None:
     before = leftovers()
     result = subprocess.run(
         [sys.executable, "-m", "nodeguard", "demo", "--seconds", "8"],
-        capture_output=True, text=True, timeout=120 * SLOW, env={**os.environ, "COLUMNS": "100"},
+        capture_output=True,
+        text=True,
+        timeout=120 * SLOW,
+        env={**os.environ, "COLUMNS": "100"},
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "summary" in result.stdout

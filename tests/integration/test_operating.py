@@ -41,8 +41,12 @@ def test_endpoints_and_metrics_follow_a_real_workload(tmp_path: Path, v1_group: 
     port = free_port()
     groups = {"groups": [{"match": name, "class": "BestEffort"}]}
     daemon = DaemonProcess(
-        config(tmp_path, port, workloads=groups, sensing={"kubepods": False, "tickSeconds": 0.3,
-                                                          "cgroupVersion": "v1", "discoverySeconds": 0.3}),
+        config(
+            tmp_path,
+            port,
+            workloads=groups,
+            sensing={"kubepods": False, "tickSeconds": 0.3, "cgroupVersion": "v1", "discoverySeconds": 0.3},
+        ),
         tmp_path,
     ).start()
     base = f"http://127.0.0.1:{port}"
@@ -53,17 +57,23 @@ def test_endpoints_and_metrics_follow_a_real_workload(tmp_path: Path, v1_group: 
         assert status == 200 and json.loads(body)["ticks"] >= 1
         assert get(base + "/nope")[0] == 404
         daemon.wait_for(
-            lambda: metric_value(get(base + "/metrics")[1], "nodeguard_workload_cpu_usage_cores", workload=name)
-            is not None, 10, "the idle workload's series",
+            lambda: (
+                metric_value(get(base + "/metrics")[1], "nodeguard_workload_cpu_usage_cores", workload=name) is not None
+            ),
+            10,
+            "the idle workload's series",
         )
         idle = metric_value(get(base + "/metrics")[1], "nodeguard_workload_cpu_usage_cores", workload=name)
         assert idle is not None and idle < 0.1
         busy = rc.start_busy(*dirs)
         try:
             daemon.wait_for(
-                lambda: (metric_value(get(base + "/metrics")[1], "nodeguard_workload_cpu_usage_cores",
-                                      workload=name) or 0) > 0.5,
-                10, "the workload's CPU in /metrics",
+                lambda: (
+                    (metric_value(get(base + "/metrics")[1], "nodeguard_workload_cpu_usage_cores", workload=name) or 0)
+                    > 0.5
+                ),
+                10,
+                "the workload's CPU in /metrics",
             )
         finally:
             rc.stop(busy)
@@ -133,8 +143,11 @@ def test_sighup_with_a_broken_config_keeps_the_old_one(tmp_path: Path) -> None:
         good = daemon.config_path.read_text()
         daemon.config_path.write_text(json.dumps({"global": {"sensing": {"tickSeconds": "fast"}, "bogus": 1}}))
         daemon.signal(signal.SIGHUP)
-        daemon.wait_for(lambda: sum(e.get("event", "").startswith("reload rejected") for e in daemon.events()) >= 2,
-                        10, "the rejected reload logged")
+        daemon.wait_for(
+            lambda: sum(e.get("event", "").startswith("reload rejected") for e in daemon.events()) >= 2,
+            10,
+            "the rejected reload logged",
+        )
         problems = [e["problem"] for e in daemon.events() if e.get("event", "").startswith("reload rejected")]
         assert any(p.startswith("global.sensing.tickSeconds:") for p in problems)
         assert any(p.startswith("global.bogus: unknown key") for p in problems)

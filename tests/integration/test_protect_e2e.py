@@ -70,9 +70,7 @@ def settled_after_first_throttle(events: list[dict[str, Any]]) -> tuple[list[flo
     return None
 
 
-def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(
-    node: ShapedNode, tmp_path: Path
-) -> None:
+def test_harm_is_closed_by_acting_only_on_the_batch_work_and_undone_exactly(node: ShapedNode, tmp_path: Path) -> None:
     """The protected pod's stall, over target beside six burners, is brought under it by lowering the Burstable
     tier's weight (never made idle; quotas on burners only, if at all); while the burners go on, three holds long, it
     stays down; once they stop and no harm is seen for weightHoldSeconds, every weight and limit is back exactly

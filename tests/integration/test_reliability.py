@@ -138,12 +138,16 @@ def test_running_out_of_descriptors_pauses_the_gate_and_http_and_both_come_back(
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(running.socket)
             held.append(sock)
-        running.daemon.wait_for(lambda: running.logged("gate: cannot accept connections for now; pausing"), 15,
-                                "the gate pausing on EMFILE")
+        running.daemon.wait_for(
+            lambda: running.logged("gate: cannot accept connections for now; pausing"), 15, "the gate pausing on EMFILE"
+        )
         tcp = socket.create_connection(tuple(running.base.removeprefix("http://").split(":")))  # type: ignore[arg-type]
         held.append(tcp)
-        running.daemon.wait_for(lambda: running.logged("socket.accept() out of system resource"), 15,
-                                "asyncio's HTTP server pausing on EMFILE")
+        running.daemon.wait_for(
+            lambda: running.logged("socket.accept() out of system resource"),
+            15,
+            "asyncio's HTTP server pausing on EMFILE",
+        )
     finally:
         for sock in held:
             sock.close()
@@ -151,8 +155,9 @@ def test_running_out_of_descriptors_pauses_the_gate_and_http_and_both_come_back(
     running.daemon.wait_for(lambda: running.readyz()[0] == 200, 15, "/readyz again")
     assert running.status()["health"] == {"guard": None, "gate": None, "writer": None}
     limits = Path(f"/proc/{running.pid}/limits").read_text()
-    assert any(line.startswith("Max open files") and line.split()[3:5] == [str(limit)] * 2
-               for line in limits.splitlines()), limits
+    assert any(
+        line.startswith("Max open files") and line.split()[3:5] == [str(limit)] * 2 for line in limits.splitlines()
+    ), limits
     stop(running)
     events = every_line_is_json(running.daemon)
     asyncio_error = next(e for e in events if e["event"] == "socket.accept() out of system resource")
@@ -166,8 +171,9 @@ def test_three_hundred_clients_that_never_read_cost_bounded_memory(tmp_path: Pat
     running.daemon.wait_for(running.ping, 30, "the gate")
     session = Session(running.socket)
     for i in range(100):  # a status answer of ~30 KB: each unread one weighs
-        assert session.request({"op": "submit", "name": f"load-{i}", "detach": True,
-                                "readiness": {"type": "notify"}})["ok"]
+        assert session.request({"op": "submit", "name": f"load-{i}", "detach": True, "readiness": {"type": "notify"}})[
+            "ok"
+        ]
     session.close()
     before = running.rss_mib()
     clients = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(300)]
@@ -218,8 +224,9 @@ def test_a_gate_that_cannot_serve_leaves_the_guard_running_and_readyz_says_so(
     cfg = config(tmp_path, gate={"socket": str(blocker / "gate.sock")})
     running = start(tmp_path, cfg, ready=False)
     cleanup.append(running)
-    running.daemon.wait_for(lambda: running.readyz()[0] == 503 and "gate:" in running.readyz()[1], 30,
-                            "/readyz reporting the gate")
+    running.daemon.wait_for(
+        lambda: running.readyz()[0] == 503 and "gate:" in running.readyz()[1], 30, "/readyz reporting the gate"
+    )
     ticks = running.status()["ticks"]
     running.daemon.wait_for(lambda: running.status()["ticks"] > ticks + 2, 10, "the guard ticking")
     health = running.status()["health"]
@@ -244,12 +251,25 @@ def test_quota_writes_refused_make_readyz_unready(tmp_path: Path, cleanup: list[
                 tmp_path,
                 sensing={"cgroupVersion": "v1", "discoverySeconds": 0.2},
                 workloads={"groups": [{"match": group.name, "class": "BestEffort"}]},
-                guard={"objectives": [{"metric": "cpu_total_usage", "action": "throttle", "threshold": 0.3,
-                                       "restoreBelow": 0.1, "triggerAfter": 1}]},
+                guard={
+                    "objectives": [
+                        {
+                            "metric": "cpu_total_usage",
+                            "action": "throttle",
+                            "threshold": 0.3,
+                            "restoreBelow": 0.1,
+                            "triggerAfter": 1,
+                        }
+                    ]
+                },
             )
             # Root without the capabilities that let it write other users' files.
-            running = start(tmp_path, cfg, ready=False,
-                            wrapper=["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"])
+            running = start(
+                tmp_path,
+                cfg,
+                ready=False,
+                wrapper=["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"],
+            )
             cleanup.append(running)
             running.daemon.wait_for(lambda: "writer:" in running.readyz()[1], 30, "/readyz reporting refused writes")
             code, body = running.readyz()
@@ -263,8 +283,12 @@ def test_quota_writes_refused_make_readyz_unready(tmp_path: Path, cleanup: list[
 def big_valid_config(cfg: dict[str, Any], rules: int) -> dict[str, Any]:
     rule = {
         "nodeSelector": {"matchLabels": {"nodeguard.test/never": "matches"}},
-        "guard": {"objectives": [{"metric": "cpu_total_usage", "action": "throttle", "threshold": "80%",
-                                  "restoreBelow": "60%"}] * 5},
+        "guard": {
+            "objectives": [
+                {"metric": "cpu_total_usage", "action": "throttle", "threshold": "80%", "restoreBelow": "60%"}
+            ]
+            * 5
+        },
         "workloads": {"groups": [{"match": "system.slice/batch-*.service", "class": "BestEffort"}] * 5},
     }
     return {**cfg, "perNode": [rule] * rules}
@@ -283,15 +307,25 @@ def test_reload_reads_off_the_event_loop_and_refuses_fifos_and_giant_files(
     path.unlink()
     os.mkfifo(path)
     running.daemon.signal(signal.SIGHUP)
-    running.daemon.wait_for(lambda: any("FIFO" in e.get("problem", "") for e in running.logged(
-        "reload rejected; keeping the running config")), 10, "the FIFO refused")
+    running.daemon.wait_for(
+        lambda: any(
+            "FIFO" in e.get("problem", "") for e in running.logged("reload rejected; keeping the running config")
+        ),
+        10,
+        "the FIFO refused",
+    )
     assert running.ping() and get(running.base + "/healthz")[0] == 200
     path.unlink()
 
     path.write_text(good + " " * (4 << 20))
     running.daemon.signal(signal.SIGHUP)
-    running.daemon.wait_for(lambda: any("more than" in e.get("problem", "") for e in running.logged(
-        "reload rejected; keeping the running config")), 10, "the giant file refused")
+    running.daemon.wait_for(
+        lambda: any(
+            "more than" in e.get("problem", "") for e in running.logged("reload rejected; keeping the running config")
+        ),
+        10,
+        "the giant file refused",
+    )
 
     path.write_text(json.dumps(big_valid_config(cfg, 3500)))  # ~3 MiB: over a second to read and check
     running.daemon.signal(signal.SIGHUP)
@@ -318,8 +352,13 @@ EDGE_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
             "sensing": {"cgroupRoot": "/sys/fs/cgroup\u0000", "procRoot": "/proc\u0000"},
             "coordination": {"stateDir": "/run/x\u0000"},
         },
-        ["global.actuation.ledgerPath", "global.gate.socket", "global.sensing.cgroupRoot", "global.sensing.procRoot",
-         "global.coordination.stateDir"],
+        [
+            "global.actuation.ledgerPath",
+            "global.gate.socket",
+            "global.sensing.cgroupRoot",
+            "global.sensing.procRoot",
+            "global.coordination.stateDir",
+        ],
     ),
     "infinity-and-booleans-as-numbers": (
         {
@@ -328,16 +367,23 @@ EDGE_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
             "gate": {"allowedUids": [0, True], "maxStarting": False},
             "http": {"listen": "999.1.1.1:9466"},
         },
-        ["global.guard.minQuotaCores", "global.sensing.tickSeconds", "global.gate.allowedUids[1]",
-         "global.gate.maxStarting", "global.http.listen"],
+        [
+            "global.guard.minQuotaCores",
+            "global.sensing.tickSeconds",
+            "global.gate.allowedUids[1]",
+            "global.gate.maxStarting",
+            "global.http.listen",
+        ],
     ),
     "huge-values-and-a-directory-as-ledger": (
         {"gate": {"maxRate": "HUGE"}, "guard": {"minQuotaCores": 1e300}, "actuation": {"ledgerPath": "/"}},
         ["global.gate.maxRate", "global.guard.minQuotaCores", "global.actuation.ledgerPath"],
     ),
     "valid-unicode-path-and-booleans-where-booleans": (
-        {"actuation": {"ledgerPath": "LEDGER/l\u00e9dger.json", "freezeBeforeEviction": False},
-         "gate": {"maxStarting": 3}},
+        {
+            "actuation": {"ledgerPath": "LEDGER/l\u00e9dger.json", "freezeBeforeEviction": False},
+            "gate": {"maxStarting": 3},
+        },
         [],
     ),
 }
@@ -352,8 +398,12 @@ def test_check_config_and_run_agree_on_edge_cases(tmp_path: Path) -> None:
         text = json.dumps(config(workdir, **sections)).replace("LEDGER", str(workdir)).replace('"HUGE"', "1e999")
         daemon = DaemonProcess({}, workdir, "--dry-run")
         daemon.config_path.write_text(text)
-        check = subprocess.Popen([sys.executable, "-m", "nodeguard", "check-config", str(daemon.config_path)],
-                                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        check = subprocess.Popen(
+            [sys.executable, "-m", "nodeguard", "check-config", str(daemon.config_path)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         procs[name] = (check, daemon.start())
     try:
         for name, (check, daemon) in procs.items():
@@ -361,8 +411,11 @@ def test_check_config_and_run_agree_on_edge_cases(tmp_path: Path) -> None:
             expected_paths = EDGE_CASES[name][1]
             if not expected_paths:
                 assert check.returncode == 0, (name, checked)
-                daemon.wait_for(lambda d=daemon: any(e.get("event") == "tick" for e in d.events()), 30,  # type: ignore[misc]
-                                f"{name}: a tick")
+                daemon.wait_for(
+                    lambda d=daemon: any(e.get("event") == "tick" for e in d.events()),
+                    30,  # type: ignore[misc]
+                    f"{name}: a tick",
+                )
                 daemon.signal(signal.SIGTERM)
                 assert daemon.wait(20) == 0, name
                 every_line_is_json(daemon)

@@ -39,10 +39,20 @@ def config(hierarchy: rc.Hierarchy, ledger: Path, kubepods: str | None = None, *
     return {
         "global": {
             "sensing": sensing,
-            "guard": {"objectives": [{"metric": "cpu_total_utilization", "action": "throttle", "threshold": "30%",
-                                      "restoreBelow": "20%", "triggerAfter": 1, "restoreAfter": 1}],
-                      "restoreStepPercent": 100,
-                      "candidates": {"podsWithoutMetadata": True}},  # no API server: a pod has no metadata
+            "guard": {
+                "objectives": [
+                    {
+                        "metric": "cpu_total_utilization",
+                        "action": "throttle",
+                        "threshold": "30%",
+                        "restoreBelow": "20%",
+                        "triggerAfter": 1,
+                        "restoreAfter": 1,
+                    }
+                ],
+                "restoreStepPercent": 100,
+                "candidates": {"podsWithoutMetadata": True},
+            },  # no API server: a pod has no metadata
             "actuation": {"ledgerPath": str(ledger)},
             "http": {"enabled": False},
             "gate": {"enabled": False},

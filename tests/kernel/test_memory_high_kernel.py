@@ -174,7 +174,9 @@ def test_a_growing_pod_is_held_near_the_waterline_without_oom_and_put_back_after
             # After the crash and the restart: `nodeguard why` names the hold, why it was set, and its end.
             answer = why_json(pod.pod, "--history", str(tmp_path / "history"))
             lowered = next(e for e in answer["entries"] if e["kind"] == "memory_throttle")
-            assert lowered["relation"] == "workload" and lowered["lever"] == "memory.high" and lowered["before"] == "max"
+            assert (
+                lowered["relation"] == "workload" and lowered["lever"] == "memory.high" and lowered["before"] == "max"
+            )
             assert lowered["objective"]["metric"] == "memory_total_usage"
             assert lowered["readings"]["memory_total_usage"] > threshold
             assert answer["entries"][-1]["kind"] == "stop" and pod.pod in answer["entries"][-1]["groups"]

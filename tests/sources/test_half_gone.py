@@ -61,7 +61,9 @@ class Clock:
         return self.now
 
 
-def sensor_for(cgroup: Path, proc: Path, *objectives: dict[str, object], clock: Clock | None = None) -> tuple[Sensor, Settings]:
+def sensor_for(
+    cgroup: Path, proc: Path, *objectives: dict[str, object], clock: Clock | None = None
+) -> tuple[Sensor, Settings]:
     settings = Settings.model_validate(
         {
             "sensing": {"cgroupRoot": str(cgroup), "procRoot": str(proc), "cgroupVersion": "v2", "kubepods": False},

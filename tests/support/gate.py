@@ -23,7 +23,6 @@ SLOW_SERVER = str(Path(__file__).with_name("slow_server.py"))
 QUIET: dict[str, Any] = {"http": {"enabled": False}} if "http" in Settings.model_fields else {}
 
 
-
 class Session:
     """One connection to the gate: requests in order, responses read one by one."""
 

@@ -78,6 +78,7 @@ def hold(node: Node) -> None:
     """nodeguard's holds, ledger first, as its executor writes them."""
     owners, version = node.owners, node.owners.version
     batch, web = (owners.pod_path(node.pods[name]) for name in ("batch", "web"))
+
     def hold(lever: str, group: str, target: str | None, metric: str) -> LeverChange:
         return LeverChange(lever, group, target, None, release=False, holds_back=True, kind="hold", metric=metric,
                            reason="owner scenario")  # fmt: skip

@@ -87,7 +87,9 @@ while True:
 def start_probe(out: Path, iterations: int, *groups: Path) -> subprocess.Popen[bytes]:
     """The probe in the given groups, placed before it calibrates or works: it waits for its stdin to close."""
     args = [str(out), str(iterations), str(PROBE_UNIT_S), str(PROBE_PERIOD_S)]
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()\n" + PROBE, *args], stdin=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()\n" + PROBE, *args], stdin=subprocess.PIPE
+    )
     for group in groups:
         (group / "cgroup.procs").write_text(str(proc.pid))
     assert proc.stdin is not None
@@ -134,4 +136,3 @@ def p99_windows(text: str, since_us: int, until_us: int, span: float, step: floa
             found.append(worst)
         start += round(step * 1e6)
     return found
-
