@@ -35,9 +35,8 @@ PROTECTED_LIMIT = CpuMax(100000)  # 1 core at the pod and its container: the pro
 # What the test tells apart: the lever held (0.8-1.7x alone on this host, CI's noisiest window 1.71x) from the
 # probe re-exposed by a restore (12x over 15 s when measured, issue 21). bench/protect.py measures the tail itself.
 HOST_BOUND = 3.0
-VM_BOUND = (
-    5.0  # the emulated VM: static levers measured 1.6-4.5x alone there (docs/performance.md, bench/protect.py --levers)
-)
+# The emulated VM: static levers measured 1.6-4.5x alone there (docs/performance.md, bench/protect.py --levers).
+VM_BOUND = 5.0
 
 
 def wait_units(out: Path, units: int) -> None:

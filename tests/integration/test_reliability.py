@@ -412,8 +412,8 @@ def test_check_config_and_run_agree_on_edge_cases(tmp_path: Path) -> None:
             if not expected_paths:
                 assert check.returncode == 0, (name, checked)
                 daemon.wait_for(
-                    lambda d=daemon: any(e.get("event") == "tick" for e in d.events()),
-                    30,  # type: ignore[misc]
+                    lambda d=daemon: any(e.get("event") == "tick" for e in d.events()),  # type: ignore[misc]
+                    30,
                     f"{name}: a tick",
                 )
                 daemon.signal(signal.SIGTERM)
