@@ -201,13 +201,10 @@ class PlanContext:
             roles = self.choices.roles()
             candidate = Role.CANDIDATE
             # roles() lists every workload in the snapshot's order: zipped, not looked up by id.
+            found = [u for u, role in zip(self.workloads.values(), roles.values(), strict=True) if role is candidate]
             pending, holding = self.evictions, self.holding
             if pending or holding:
-                found = [u for (wid, u), role in zip(self.workloads.items(), roles.values(), strict=True)
-                         if role is candidate and wid not in pending and wid not in holding]  # fmt: skip
-            else:
-                found = [u for u, role in zip(self.workloads.values(), roles.values(), strict=True)
-                         if role is candidate]  # fmt: skip
+                found = [u for u in found if u.workload.id not in pending and u.workload.id not in holding]
             self._candidates = found
         return self._candidates
 
