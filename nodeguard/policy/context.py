@@ -286,12 +286,14 @@ class PlanContext:
         Waits on a node with idle CPU are wake-up latency, not unmet demand.
         """
         if self._absorbing is None:
-            candidates = {u.workload.id for u in self.candidates()}
-            waiting = sum(
-                self._waiting(u, None, wid in candidates)
-                for wid, u in self.workloads.items()
-                if wid not in self.evictions
-            )
+            # Most workloads wait for nothing: only those that do are looked at further.
+            waits = [(wid, u) for wid, u in self.workloads.items() if u.starved_cores or u.waiting_cores]
+            waiting = 0.0
+            if waits:
+                candidates = {u.workload.id for u in self.candidates()}
+                waiting = sum(
+                    self._waiting(u, None, wid in candidates) for wid, u in waits if wid not in self.evictions
+                )
             idle = self.idle_cores()
             absorbing = max(0.0, waiting - idle)
             self._absorbing = (absorbing, absorbing / waiting if waiting > 0 else 0.0)

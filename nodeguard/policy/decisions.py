@@ -103,6 +103,11 @@ class Planned:
 class Draft:
     """A feature's decision while it makes it: what it changes, read through to what was planned before."""
 
+    __slots__ = (
+        "actions", "before", "blocked", "cooldowns", "evicted", "evictions", "holds", "last_eviction", "protect",
+        "quotas", "released_cores", "released_memory", "throttled_memory",
+    )  # fmt: skip
+
     def __init__(self, before: Planned) -> None:
         self.before = before
         self.actions: list[Action] = []
@@ -143,7 +148,13 @@ class Draft:
         return out
 
     def throttle(self, group: str) -> HeldThrottle | None:
-        return self.hold(HeldThrottle, group)
+        # ``hold(HeldThrottle, group)`` inlined: the throttle pass asks it of every candidate it lowers.
+        if self.holds:
+            found = self.holds.get((HeldThrottle.lever, group), _UNSET)
+            if found is not _UNSET:
+                return found  # type: ignore[return-value]
+        groups = self.before.holds.get(HeldThrottle.lever)
+        return None if groups is None else groups.get(group)  # type: ignore[return-value]
 
     def memory(self, group: str) -> HeldMemory | None:
         return self.hold(HeldMemory, group)
