@@ -149,6 +149,52 @@ def _from_version_1(document: Mapping[str, Any]) -> list[Any]:
     return records
 
 
+@dataclass(frozen=True, slots=True)
+class RejectedRecord:
+    """A ledger record that failed its checks: as found, the group it names (if any), and what is wrong."""
+
+    item: Any
+    group: str | None
+    problem: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLedger:
+    records: dict[LeverKey, LeverRecord]
+    rejected: tuple[RejectedRecord, ...]
+
+
+def parse_ledger(raw: bytes) -> ParsedLedger:
+    """A ledger file's records, each checked by its lever, and the ones that failed; ValueError when the file is not
+    a ledger at all (not UTF-8, not JSON, an unknown version). Reads nothing and writes nothing."""
+    try:
+        document = json.loads(raw.decode("utf-8"))
+        if not isinstance(document, Mapping) or document.get("version") not in (1, LEDGER_VERSION):
+            raise ValueError(f"not a version 1 or {LEDGER_VERSION} ledger")
+        items = _from_version_1(document) if document["version"] == 1 else document.get("records")
+        if not isinstance(items, list):
+            raise ValueError("'records' is not a list")
+    except RecursionError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors already
+        raise ValueError(str(exc)) from None
+    records: dict[LeverKey, LeverRecord] = {}
+    rejected: list[RejectedRecord] = []
+    for item in items:
+        try:
+            found = _checked(_RECORD.validate_python(item))
+        except ValidationError as exc:
+            problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors())
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if found.key not in records:
+                records[found.key] = found
+                continue
+            problem = "duplicate record"
+        group = item.get("group") if isinstance(item, Mapping) else None
+        rejected.append(RejectedRecord(item, None if group is None else str(group), problem))
+    return ParsedLedger(records, tuple(rejected))
+
+
 class LedgerUnsaved(NodeguardError):
     """The ledger file could not be written (a full or read-only filesystem)."""
 
@@ -200,36 +246,20 @@ class Ledger:
             ledger.set_aside = path  # left where it is: what it is, or points at, is not ours to move
             return ledger
         try:
-            document = json.loads(raw.decode("utf-8"))
-            if not isinstance(document, Mapping) or document.get("version") not in (1, LEDGER_VERSION):
-                raise ValueError(f"not a version 1 or {LEDGER_VERSION} ledger")
-            items = _from_version_1(document) if document["version"] == 1 else document.get("records")
-            if not isinstance(items, list):
-                raise ValueError("'records' is not a list")
-        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            parsed = parse_ledger(raw)
+        except ValueError as exc:
             aside = set_aside(path)
             ledger.set_aside = aside
             log.error("ledger unreadable; kept aside, starting without it", path=path, kept_as=aside, error=str(exc))
             return ledger
-        rejected: list[Any] = []
-        for item in items:
-            try:
-                found = _checked(_RECORD.validate_python(item))
-            except ValidationError as exc:
-                problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in exc.errors())
-            except ValueError as exc:
-                problem = str(exc)
-            else:
-                if found.key not in ledger.records:
-                    ledger.records[found.key] = found
-                    continue
-                problem = "duplicate record"
-            rejected.append(item)
-            group = item.get("group") if isinstance(item, Mapping) else None
-            log.error("ledger record rejected; the others are kept", path=path, group=group, problem=problem)
-        if rejected:
+        ledger.records.update(parsed.records)
+        for rejected in parsed.rejected:
+            log.error("ledger record rejected; the others are kept", path=path, group=rejected.group,
+                      problem=rejected.problem)  # fmt: skip
+        if parsed.rejected:
             ledger.rejected = f"{path}.rejected-{int(time.time())}"
-            body = json.dumps({"version": LEDGER_VERSION, "records": rejected}, indent=1, default=str)
+            records = [rejected.item for rejected in parsed.rejected]
+            body = json.dumps({"version": LEDGER_VERSION, "records": records}, indent=1, default=str)
             try:
                 write_atomic(ledger.rejected, body.encode())
             except OSError as exc:

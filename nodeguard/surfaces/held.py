@@ -3,25 +3,24 @@
 ``nodeguard held`` reads the ledger file without the daemon, the kernel or the
 node's lock, so it answers while the daemon is down (after a SIGKILL, before a
 ``restore --all``) and while one runs. It reads the file as a start would
-(``Ledger.load``, every record checked by its lever), but from a private copy:
-``Ledger.load`` sets an unreadable file aside and copies rejected records
-beside it, and this command leaves the daemon's directory as it found it.
+(``parse_ledger``, every record checked by its lever), without what a start
+does besides: it neither sets an unreadable file aside nor copies rejected
+records beside it, and leaves the daemon's directory as it found it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from nodeguard.actuators import levers
 from nodeguard.actuators.cgroup_writer import CgroupWriter
-from nodeguard.actuators.ledger import MAX_LEDGER_BYTES, Ledger, LeverRecord
+from nodeguard.actuators.ledger import MAX_LEDGER_BYTES, LeverRecord, parse_ledger
 from nodeguard.actuators.levers.base import Lever
-from nodeguard.atomic_file import UnsafeFile, read_state_file, write_atomic
+from nodeguard.atomic_file import UnsafeFile, read_state_file
 from nodeguard.errors import NodeguardError
 
 
@@ -68,23 +67,15 @@ def read_ledger(path: str) -> LedgerReading:
         return LedgerReading(path, False, (), ())
     except UnsafeFile as exc:
         raise LedgerUnreadable(f"{path}: {exc.reason}") from None
-    # Imported here: structlog's testing module is this command's, not the daemon's. Ledger.load says what it
-    # rejects only in its log, which is captured here rather than shown with the private copy's path.
-    from structlog.testing import capture_logs
-
-    with tempfile.TemporaryDirectory(prefix="nodeguard-held-") as scratch:
-        copy = os.path.join(scratch, os.path.basename(path))
-        write_atomic(copy, raw, durable=False)
-        with capture_logs() as said:
-            ledger = Ledger.load(copy)
-    if ledger.set_aside is not None:
-        errors = [str(entry["error"]) for entry in said if "error" in entry]
+    try:
+        parsed = parse_ledger(raw)
+    except ValueError as exc:
         raise LedgerUnreadable(
-            f"{path}: not a ledger nodeguard can read ({'; '.join(errors) or 'unknown format'}); a start or "
-            "`restore --all` would set it aside and restore nothing from it"
-        )
-    rejected = tuple(Rejected(entry.get("group"), str(entry["problem"])) for entry in said if "problem" in entry)
-    return LedgerReading(path, True, tuple(ledger), rejected)
+            f"{path}: not a ledger nodeguard can read ({exc}); a start or `restore --all` would set it aside and "
+            "restore nothing from it"
+        ) from None
+    rejected = tuple(Rejected(r.group, r.problem) for r in parsed.rejected)
+    return LedgerReading(path, True, tuple(parsed.records.values()), rejected)
 
 
 def _levers(version: str) -> dict[str, Lever]:
