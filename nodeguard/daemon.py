@@ -342,7 +342,8 @@ class Daemon:
         writes = self.writer.counters.writes
         settled = settle(snapshot, self.state, self.settings.guard, self.executor)
         plan, self.state, self.changes = settled.plan, settled.state, settled.done
-        self.history.record(plan, snapshot, settled.done, self.settings.guard.candidates)  # written after the tick
+        # Written after the tick: the plan's changes and the upkeep (drift put back, holds of workloads gone).
+        self.history.record(plan, snapshot, settled.every_change, self.settings.guard.candidates)
         if self.kube is not None and self._group is not None:
             self.kube.emit(self.changes, snapshot, self._spawn)
         if self.writer.counters.writes != writes:

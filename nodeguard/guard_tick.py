@@ -41,13 +41,20 @@ def hold_times(guard: GuardSettings) -> HoldTimes:
 
 @dataclass(frozen=True, slots=True)
 class Settled:
-    """A tick's outcome: its last plan, the state for the next tick, every lever change it made."""
+    """A tick's outcome: its last plan, the state for the next tick, every lever change it planned and made, and
+    the upkeep of its holds (holds of workloads gone given back, values put back after drift)."""
 
     snapshot: Snapshot
     plan: Plan
     state: GuardState
     done: list[Done] = field(default_factory=list)
     passes: int = 1
+    upkeep: list[Done] = field(default_factory=list)
+
+    @property
+    def every_change(self) -> list[Done]:
+        """Every value the tick wrote (what the decision history records): its planned changes, then its upkeep."""
+        return [*self.done, *self.upkeep]
 
 
 def sense(sensor: Sensor, follow_memory: bool, enrich: Callable[[Snapshot], Snapshot] | None) -> Snapshot:
@@ -64,11 +71,12 @@ def settle(snapshot: Snapshot, state: GuardState, guard: GuardSettings, executor
     start = outcome.fold_moves(state, executor.moved_originals(snapshot))
     written: dict[LeverKey, str] = {}
     done: list[Done] = []
+    upkeep: list[Done] = []
     planning = start
     for passes in range(1, MAX_PASSES + 1):
         plan = planner.plan(snapshot, planning, guard)
         if passes == 1:
-            executor.give_back(plan.departed)
+            upkeep.extend(executor.give_back(plan.departed))
         applied = executor.apply(plan.changes, written)
         folded = outcome.fold(plan, planning, applied.applied, holds)
         written.update(applied.applied.written)
@@ -80,7 +88,7 @@ def settle(snapshot: Snapshot, state: GuardState, guard: GuardSettings, executor
     executor.evict(a for a in plan.actions if isinstance(a, Evict))
     after = folded.state.without_held_back(group for _, group in written)
     after = outcome.without_failed_evictions(after, executor.failed_evictions())
-    executor.reassert(snapshot, skip=written.keys())
+    upkeep.extend(executor.reassert(snapshot, skip=written.keys()))
     if written or plan.departed:
         executor.save("after the tick's changes")
-    return Settled(snapshot, plan, after, done, passes)
+    return Settled(snapshot, plan, after, done, passes, upkeep)

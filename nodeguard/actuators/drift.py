@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 
-from nodeguard.actuators.changes import child_originals, recorded
+from nodeguard.actuators.changes import Done, child_originals, recorded
 from nodeguard.actuators.ledger import Ledger, LedgerUnsaved, LeverRecord, Ownership
 from nodeguard.actuators.levers.base import Lever, WriteRefused, note_drift
 from nodeguard.errors import ActuationRefused, CgroupGone, ParseError
@@ -79,11 +79,17 @@ def _adopt(ledger: Ledger, lever: Lever, record: LeverRecord, current: str, move
             lever.writer.counters.overwritten[lever.name] += 1
 
 
-def reassert(
-    ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: Collection[LeverKey] = ()
-) -> dict[LeverKey, str]:
-    """Put nodeguard's value back wherever someone changed it (the ledger first); the failures, by record."""
-    failed: dict[LeverKey, str] = {}
+@dataclass
+class Reasserted:
+    """What putting back drifted values did: the values put back, and the records that could not be (why)."""
+
+    done: list[Done] = field(default_factory=list)
+    failed: dict[LeverKey, str] = field(default_factory=dict)
+
+
+def reassert(ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: Collection[LeverKey] = ()) -> Reasserted:
+    """Put nodeguard's value back wherever someone changed it (the ledger first)."""
+    result = Reasserted()
     for record in ledger:
         if record.key in skip or record.lever not in levers:
             continue
@@ -91,31 +97,39 @@ def reassert(
         if current is not None and record.is_ours(current) and not record.children:
             continue
         try:
-            _put_back(ledger, levers[record.lever], record)
+            made = _put_back(ledger, levers[record.lever], record)
         except CgroupGone:
             continue
         except (*_UNREADABLE, WriteRefused) as exc:
-            failed[record.key] = str(exc)
-    return failed
+            result.failed[record.key] = str(exc)
+            continue
+        if made is not None:
+            result.done.append(made)
+    return result
 
 
-def _put_back(ledger: Ledger, lever: Lever, record: LeverRecord) -> None:
+def _put_back(ledger: Ledger, lever: Lever, record: LeverRecord) -> Done | None:
+    """The held value written again where someone changed it; None when nothing needed writing (or the ledger could
+    not be saved first)."""
     change = LeverChange(record.lever, record.group, record.holds, record.original, release=False, holds_back=True,
                          kind="reassert", metric=record.reason, reason="put back after someone changed it")  # fmt: skip
     current, writes = lever.plan(record.group, record.holds, child_originals(ledger, record.key))
     if not writes:
-        return
+        return None
     ledger.record(recorded(ledger, lever, change, current, writes, pending=True))
     try:
         ledger.save()
     except LedgerUnsaved:
         ledger.records[record.key] = record
-        return
+        return None
     context = note_drift(lever, record.group, current, record.applied, {"action": "reassert"})
     if current == record.applied:  # the group's own value is right: a child's was changed
         note_drift(lever, writes[0].path, writes[0].before, writes[0].after, {"action": "reassert"})
     lever.perform(writes, **context)
     ledger.record(recorded(ledger, lever, change, current, writes, pending=False))
+    below = sum(1 for w in writes if w.path != record.group)
+    restricts = lever.restricts(record.holds, current)
+    return Done(change, current, record.holds, below, restricts, (lever.shown(current), lever.shown(record.holds)))
 
 
 def adopt(ledger: Ledger, levers: Mapping[str, Lever]) -> list[LeverRecord]:

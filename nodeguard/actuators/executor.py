@@ -11,7 +11,7 @@ policy's.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodeguard.actuators import drift
@@ -121,10 +121,11 @@ class Executor:
                 else:
                     self._log(change, "dry run: would", value=change.target)
 
-    def give_back(self, groups: Iterable[str]) -> None:
+    def give_back(self, groups: Iterable[str]) -> list[Done]:
         """Workloads the snapshot no longer shows: every lever's hold forgotten where its group left, its original
         put back where the group is still there (discovery no longer lists it, or its read failed this tick), so
-        no value outlives nodeguard's record of it."""
+        no value outlives nodeguard's record of it. Returns the values put back."""
+        given: list[Done] = []
         for group in groups:
             for lever in self.levers.values():
                 record = self.ledger.get(lever.name, group)
@@ -136,6 +137,9 @@ class Executor:
                 if outcome in (Outcome.RESTORED, Outcome.CHANGED):
                     log.info(f"{lever.noun} of a workload no longer seen put back", workload=group,
                              outcome=outcome.value)  # fmt: skip
+                if outcome is Outcome.RESTORED:
+                    given.append(_given_back(lever, record))
+        return given
 
     def _refused(self, change: LeverChange, refusal: WriteRefused) -> None:
         self.counters.failed += 1
@@ -207,12 +211,19 @@ class Executor:
             self.save("releasing a resized workload")
         return MovedOriginals(dict(moves.originals), frozenset(moves.released))
 
-    def reassert(self, snapshot: Snapshot, skip: Collection[LeverKey]) -> None:
-        """After acting: put back every held value kubelet (or anyone) reset: drift. ``skip``: written now."""
-        for key, error in drift.reassert(self.ledger, self.levers, self._seen(snapshot), skip).items():
+    def reassert(self, snapshot: Snapshot, skip: Collection[LeverKey]) -> list[Done]:
+        """After acting: put back every held value kubelet (or anyone) reset: drift. ``skip``: written now. Returns
+        the values put back."""
+        reasserted = drift.reassert(self.ledger, self.levers, self._seen(snapshot), skip)
+        for key, error in reasserted.failed.items():
             self.counters.failed += 1
             if self._errors.allow(f"{key}:reassert"):
                 log.error(f"cannot re-assert {self.levers[key[0]].noun}", group=key[1], error=error)
+        done = []
+        for made in reasserted.done:
+            usage = snapshot.workloads.get(made.change.group)
+            done.append(made if usage is None else replace(made, change=made.change._replace(workload=usage.workload)))
+        return done
 
     # --- evictions ---------------------------------------------------------------
 
@@ -253,3 +264,11 @@ class Executor:
 
     def restore_everything(self) -> dict[Outcome, list[str]]:
         return restore_all(self.ledger, self.levers)
+
+
+def _given_back(lever: Lever, record: LeverRecord) -> Done:
+    """A hold of a workload no longer seen, given back: its original written over nodeguard's value."""
+    change = LeverChange(record.lever, record.group, record.original, None, release=True, holds_back=False,
+                         kind="give_back", metric=record.reason, reason="its workload is no longer seen")  # fmt: skip
+    shown = (lever.shown(record.holds), lever.shown(record.original))
+    return Done(change, record.holds, record.original, len(record.children), False, shown)

@@ -114,7 +114,7 @@ class LeverChange(NamedTuple):
     give_back: str | None  # the value before nodeguard first changed it (None: what the group has now)
     release: bool  # back to the original: the ledger forgets the group after
     holds_back: bool  # holds the group back more (a throttle, a lowered weight); False gives back
-    kind: str  # throttle, restore, memory_throttle, memory_restore, reweigh, reassert: logs, counters, the trace
+    kind: str  # throttle, restore, memory_throttle, memory_restore, reweigh; reassert, give_back (history only)
     metric: str  # the metric behind it
     reason: str
     dry_run: bool = False

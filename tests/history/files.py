@@ -92,7 +92,7 @@ class FileNode:
         """One tick as the daemon runs it: settled, recorded, handed to the writer, written."""
         settled = settle(snapshot, self.state, guard, self.executor)
         self.state = settled.state
-        self.recorder.record(settled.plan, snapshot, settled.done, guard.candidates)
+        self.recorder.record(settled.plan, snapshot, settled.every_change, guard.candidates)
         self.recorder.flush()
         assert self.recorder.drain(), "the writer wrote the tick's entries"
         return settled

@@ -24,6 +24,7 @@ from tests.history.files import FileNode, why, why_json
 from tests.policy.builders import (
     GiB,
     at,
+    cpu_throttle,
     guard,
     kubelet_node,
     mem,
@@ -191,3 +192,43 @@ def test_a_dry_run_objective_records_nothing(tmp_path: Path) -> None:
     node.tick(now(at(14 * GiB, *workloads)), settings(mem_throttle(dryRun=True)))
     node.close()
     assert [e["kind"] for e in why_json("kubepods/burstable/podbig", "--history", node.history.path)["entries"]] == []
+
+
+def test_a_reset_hold_put_back_and_a_gone_workloads_hold_given_back_are_in_the_history(tmp_path: Path) -> None:
+    """A quota kubelet reset behind the hold is put back the next tick, and the hold of a workload that is no longer
+    seen is given back: `why` shows both after the throttle, and nothing held at the end."""
+    node = FileNode(tmp_path)
+    batch = usage("kp/besteffort/podbatch", cores=2.0)
+    other = usage("kp/besteffort/podother", cores=0.05)
+    node.add([batch, other])
+    quota = guard(cpu_throttle(6.0, 5.0))
+    settled = node.tick(now(snapshot([batch, other], cpus=8, cores_used=7.0, monotonic=100.0)), quota)
+    assert [(d.change.kind, d.change.group) for d in settled.done] == [("throttle", batch.workload.id)]
+    held = node.read(batch.workload.id, "cpu.max")
+    assert held != "max 100000"
+
+    (node.root / batch.workload.id / "cpu.max").write_text("max 100000\n")  # kubelet puts its limit back
+    settled = node.tick(now(snapshot([batch, other], cpus=8, cores_used=5.9, monotonic=101.0)), quota)
+    assert settled.done == [] and [(d.change.kind, d.before, d.after) for d in settled.upkeep] == [
+        ("reassert", "max 100000", held)
+    ]
+    assert node.read(batch.workload.id, "cpu.max") == held
+
+    settled = node.tick(now(snapshot([other], cpus=8, cores_used=5.9, monotonic=102.0)), quota)
+    assert [(d.change.kind, d.before, d.after) for d in settled.upkeep] == [("give_back", held, "max 100000")]
+    assert node.read(batch.workload.id, "cpu.max") == "max 100000"
+    node.close()
+
+    answer = why_json(batch.workload.id, "--history", node.history.path)
+    assert [e["kind"] for e in answer["entries"] if e["kind"] != "start"] == ["throttle", "reassert", "give_back"]
+    reasserted, given = only(answer, "reassert"), only(answer, "give_back")
+    assert reasserted["values"] == ["max 100000", held] and reasserted["holds_back"] and not reasserted["release"]
+    assert (
+        reasserted["workload"]["id"] == batch.workload.id
+        and reasserted["reason"] == "put back after someone changed it"
+    )
+    assert given["values"] == [held, "max 100000"] and given["release"] and not given["holds_back"]
+    assert given["metric"] == "cpu_total_usage" and given["reason"] == "its workload is no longer seen"
+    assert answer["held"] == [], "given back: nothing held"
+    text = why(batch.workload.id, "--history", node.history.path).stdout
+    assert f"give_back  cpu.max on {batch.workload.id}" in text and "why: its workload is no longer seen" in text

@@ -7,6 +7,8 @@ lever (test_quota_real: drift re-asserted): the VM's time goes to what only it c
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -57,6 +59,16 @@ def daemon(node: ShapedNode, tmp_path: Path) -> Iterator[DaemonProcess]:
         yield process
     finally:
         process.kill()
+
+
+def history(daemon: DaemonProcess) -> list[dict[str, Any]]:
+    """The daemon's decision history so far: every complete line of its files, parsed."""
+    entries = []
+    for path in sorted((daemon.workdir / "history").glob("history-*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):  # a line still being written
+                entries.append(json.loads(line))
+    return entries
 
 
 def converged(events: list[dict[str, Any]], threshold: float) -> tuple[int, set[str]] | None:
@@ -120,6 +132,8 @@ def test_drift_is_reasserted_and_sigkill_leaves_nothing_unrecorded(node: ShapedN
     entry = Ledger.load(str(daemon.workdir / "run/ledger.json")).of("cpu.max")[victim]
     now = node.hierarchy.limit(victim)
     assert now == held or entry.is_ours(now.render_v2()), (now, held, entry)
+    daemon.wait_for(lambda: any(e.get("kind") == "reassert" and e.get("group") == victim for e in history(daemon)),
+                    2 * SLOW, "the re-assertion in the decision history")  # fmt: skip
 
     daemon.kill()  # SIGKILL: no chance to restore
     throttled = node.throttled()

@@ -99,7 +99,7 @@ def hold(node: Node) -> None:
 def tick(node: Node) -> list[str]:
     """The executor's drift step: new originals adopted, held values put back; the re-assertions that failed."""
     drift.adopt_moves(node.ledger, node.levers, lambda record: None)
-    failed = drift.reassert(node.ledger, node.levers, lambda record: None)
+    failed = drift.reassert(node.ledger, node.levers, lambda record: None).failed
     return [f"{node.owners.name_of(group)} {lever}: {error}" for (lever, group), error in failed.items()]
 
 
