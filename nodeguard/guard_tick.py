@@ -71,7 +71,7 @@ def settle(snapshot: Snapshot, state: GuardState, guard: GuardSettings, executor
     start = outcome.fold_moves(state, executor.moved_originals(snapshot))
     written: dict[LeverKey, str] = {}
     done: list[Done] = []
-    upkeep: list[Done] = []
+    upkeep: list[Done] = executor.ended_holds()
     planning = start
     for passes in range(1, MAX_PASSES + 1):
         plan = planner.plan(snapshot, planning, guard)

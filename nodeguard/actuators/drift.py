@@ -33,6 +33,15 @@ class Moves:
     originals: dict[LeverKey, str] = field(default_factory=dict)
     released: set[LeverKey] = field(default_factory=set)
     children: int = 0
+    ended: list[Done] = field(default_factory=list)  # the released holds, as the decision history tells them
+
+
+def ended(lever: Lever, record: LeverRecord, why: str, *, after: str = "", shown: str = "", children: int = 0) -> Done:
+    """The end of a hold (kind ``give_back``, a release): ``after`` the value written back ("" when nothing was
+    written: ``shown`` says what is there instead), ``why`` its reason."""
+    change = LeverChange(record.lever, record.group, after or None, None, release=True, holds_back=False,
+                         kind="give_back", metric=record.reason, reason=why)  # fmt: skip
+    return Done(change, record.holds, after, children, False, (lever.shown(record.holds), shown or lever.shown(after)))
 
 
 def adopt_moves(ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: Collection[LeverKey] = ()) -> Moves:
@@ -50,6 +59,7 @@ def adopt_moves(ledger: Ledger, levers: Mapping[str, Lever], seen: Seen, skip: C
         except CgroupGone:  # the group left (a tier's last pod went): nothing of it to hold or restore
             ledger.forget(record.key)
             moves.released.add(record.key)
+            moves.ended.append(ended(lever, record, "its cgroup is gone", shown="its cgroup is gone"))
         except _UNREADABLE:
             continue  # read again next tick
     return moves
@@ -67,6 +77,8 @@ def _adopt(ledger: Ledger, lever: Lever, record: LeverRecord, current: str, move
         if not lever.restricts(record.holds, current):
             ledger.forget(record.key)
             moves.released.add(record.key)
+            why = "someone set a value that holds it back as much"
+            moves.ended.append(ended(lever, record, why, shown=f"{lever.shown(current)}, someone else's"))
             return
     for path, child in record.children.items():
         try:

@@ -84,6 +84,7 @@ class Executor:
         self.counters = ActionCounters()
         self.evicting: set[str] = set()
         self._failed_evictions: set[str] = set()
+        self._ended: list[Done] = []  # holds released without a write, for the tick's upkeep (ended_holds)
         self._errors = RateLimiter(60.0)
 
     # --- lever changes ------------------------------------------------------------
@@ -137,8 +138,8 @@ class Executor:
                 if outcome in (Outcome.RESTORED, Outcome.CHANGED):
                     log.info(f"{lever.noun} of a workload no longer seen put back", workload=group,
                              outcome=outcome.value)  # fmt: skip
-                if outcome is Outcome.RESTORED:
-                    given.append(_given_back(lever, record))
+                if outcome is not Outcome.FAILED:
+                    given.append(_given_back(lever, record, outcome))
         return given
 
     def _refused(self, change: LeverChange, refusal: WriteRefused) -> None:
@@ -206,10 +207,17 @@ class Executor:
         the group back as much leaves nothing to hold.
         """
         moves = drift.adopt_moves(self.ledger, self.levers, self._seen(snapshot))
+        self._ended.extend(moves.ended)
         self.counters.moved_originals += len(moves.originals) + moves.children
         if moves.released:
             self.save("releasing a resized workload")
         return MovedOriginals(dict(moves.originals), frozenset(moves.released))
+
+    def ended_holds(self) -> list[Done]:
+        """The holds released without a write since the last call: a group gone, a new original that holds it back
+        as much (``moved_originals``)."""
+        ended, self._ended = self._ended, []
+        return ended
 
     def reassert(self, snapshot: Snapshot, skip: Collection[LeverKey]) -> list[Done]:
         """After acting: put back every held value kubelet (or anyone) reset: drift. ``skip``: written now. Returns
@@ -266,9 +274,17 @@ class Executor:
         return restore_all(self.ledger, self.levers)
 
 
-def _given_back(lever: Lever, record: LeverRecord) -> Done:
-    """A hold of a workload no longer seen, given back: its original written over nodeguard's value."""
-    change = LeverChange(record.lever, record.group, record.original, None, release=True, holds_back=False,
-                         kind="give_back", metric=record.reason, reason="its workload is no longer seen")  # fmt: skip
-    shown = (lever.shown(record.holds), lever.shown(record.original))
-    return Done(change, record.holds, record.original, len(record.children), False, shown)
+def _given_back(lever: Lever, record: LeverRecord, outcome: Outcome) -> Done:
+    """A hold of a workload no longer seen, ended: its original written back, or (nothing written) found there
+    already, someone else's value kept, or its cgroup gone."""
+    why = {
+        Outcome.RESTORED: "put back",
+        Outcome.ALREADY: "already back",
+        Outcome.CHANGED: "someone else set it since",
+        Outcome.GONE: "its cgroup is gone",
+    }[outcome]
+    reason = f"its workload is no longer seen: {why}"
+    if outcome in (Outcome.RESTORED, Outcome.ALREADY):
+        children = len(record.children) if outcome is Outcome.RESTORED else 0
+        return drift.ended(lever, record, reason, after=record.original, children=children)
+    return drift.ended(lever, record, reason, shown="someone else's value, kept" if outcome is Outcome.CHANGED else why)

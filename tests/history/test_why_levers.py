@@ -11,6 +11,7 @@ tests/kubernetes/test_why_daemon.py.
 from __future__ import annotations
 
 import datetime
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -228,7 +229,32 @@ def test_a_reset_hold_put_back_and_a_gone_workloads_hold_given_back_are_in_the_h
         and reasserted["reason"] == "put back after someone changed it"
     )
     assert given["values"] == [held, "max 100000"] and given["release"] and not given["holds_back"]
-    assert given["metric"] == "cpu_total_usage" and given["reason"] == "its workload is no longer seen"
+    assert given["metric"] == "cpu_total_usage" and given["reason"] == "its workload is no longer seen: put back"
     assert answer["held"] == [], "given back: nothing held"
     text = why(batch.workload.id, "--history", node.history.path).stdout
-    assert f"give_back  cpu.max on {batch.workload.id}" in text and "why: its workload is no longer seen" in text
+    assert (
+        f"give_back  cpu.max on {batch.workload.id}" in text and "why: its workload is no longer seen: put back" in text
+    )
+
+
+def test_the_hold_of_a_pod_whose_cgroup_is_gone_ends_in_the_history(tmp_path: Path) -> None:
+    """A throttled pod deleted (its cgroup removed with it): the next tick records the hold's end, and `why` no longer
+    shows the pod held."""
+    node = FileNode(tmp_path)
+    batch = usage("kp/besteffort/podbatch", cores=2.0)
+    other = usage("kp/besteffort/podother", cores=0.05)
+    node.add([batch, other])
+    quota = guard(cpu_throttle(6.0, 5.0))
+    settled = node.tick(now(snapshot([batch, other], cpus=8, cores_used=7.0, monotonic=100.0)), quota)
+    assert [d.change.kind for d in settled.done] == ["throttle"]
+    held = node.read(batch.workload.id, "cpu.max")
+    shutil.rmtree(node.root / batch.workload.id)  # kubelet removed the pod's cgroup
+    settled = node.tick(now(snapshot([other], cpus=8, cores_used=5.9, monotonic=101.0)), quota)
+    assert [(d.change.kind, d.before, d.after, d.change.release) for d in settled.upkeep] == [
+        ("give_back", held, "", True)
+    ]
+    node.close()
+    answer = why_json(batch.workload.id, "--history", node.history.path)
+    given = only(answer, "give_back")
+    assert given["reason"] == "its cgroup is gone" and given["after"] == "its cgroup is gone"
+    assert answer["held"] == [], "the hold ended with the pod"
