@@ -195,66 +195,68 @@ def test_a_dry_run_objective_records_nothing(tmp_path: Path) -> None:
     assert [e["kind"] for e in why_json("kubepods/burstable/podbig", "--history", node.history.path)["entries"]] == []
 
 
+BATCH = usage("kp/besteffort/podbatch", cores=2.0)
+OTHER = usage("kp/besteffort/podother", cores=0.05)
+QUOTA = guard(cpu_throttle(6.0, 5.0))
+
+
+def throttled(tmp_path: Path) -> tuple[FileNode, str]:
+    """A node whose CPU is a core past its waterline, after the tick that throttled the batch pod: the node and the
+    quota it holds."""
+    node = FileNode(tmp_path)
+    node.add([BATCH, OTHER])
+    settled = node.tick(now(snapshot([BATCH, OTHER], cpus=8, cores_used=7.0, monotonic=100.0)), QUOTA)
+    assert [(d.change.kind, d.change.group) for d in settled.done] == [("throttle", BATCH.workload.id)]
+    held = node.read(BATCH.workload.id, "cpu.max")
+    assert held != "max 100000"
+    return node, held
+
+
 def test_a_reset_hold_put_back_and_a_gone_workloads_hold_given_back_are_in_the_history(tmp_path: Path) -> None:
     """A quota kubelet reset behind the hold is put back the next tick, and the hold of a workload that is no longer
     seen is given back: `why` shows both after the throttle, and nothing held at the end."""
-    node = FileNode(tmp_path)
-    batch = usage("kp/besteffort/podbatch", cores=2.0)
-    other = usage("kp/besteffort/podother", cores=0.05)
-    node.add([batch, other])
-    quota = guard(cpu_throttle(6.0, 5.0))
-    settled = node.tick(now(snapshot([batch, other], cpus=8, cores_used=7.0, monotonic=100.0)), quota)
-    assert [(d.change.kind, d.change.group) for d in settled.done] == [("throttle", batch.workload.id)]
-    held = node.read(batch.workload.id, "cpu.max")
-    assert held != "max 100000"
+    node, held = throttled(tmp_path)
 
-    (node.root / batch.workload.id / "cpu.max").write_text("max 100000\n")  # kubelet puts its limit back
-    settled = node.tick(now(snapshot([batch, other], cpus=8, cores_used=5.9, monotonic=101.0)), quota)
+    (node.root / BATCH.workload.id / "cpu.max").write_text("max 100000\n")  # kubelet puts its limit back
+    settled = node.tick(now(snapshot([BATCH, OTHER], cpus=8, cores_used=5.9, monotonic=101.0)), QUOTA)
     assert settled.done == [] and [(d.change.kind, d.before, d.after) for d in settled.upkeep] == [
         ("reassert", "max 100000", held)
     ]
-    assert node.read(batch.workload.id, "cpu.max") == held
+    assert node.read(BATCH.workload.id, "cpu.max") == held
 
-    settled = node.tick(now(snapshot([other], cpus=8, cores_used=5.9, monotonic=102.0)), quota)
+    settled = node.tick(now(snapshot([OTHER], cpus=8, cores_used=5.9, monotonic=102.0)), QUOTA)
     assert [(d.change.kind, d.before, d.after) for d in settled.upkeep] == [("give_back", held, "max 100000")]
-    assert node.read(batch.workload.id, "cpu.max") == "max 100000"
+    assert node.read(BATCH.workload.id, "cpu.max") == "max 100000"
     node.close()
 
-    answer = why_json(batch.workload.id, "--history", node.history.path)
+    answer = why_json(BATCH.workload.id, "--history", node.history.path)
     assert [e["kind"] for e in answer["entries"] if e["kind"] != "start"] == ["throttle", "reassert", "give_back"]
     reasserted, given = only(answer, "reassert"), only(answer, "give_back")
     assert reasserted["values"] == ["max 100000", held] and reasserted["holds_back"] and not reasserted["release"]
     assert (
-        reasserted["workload"]["id"] == batch.workload.id
+        reasserted["workload"]["id"] == BATCH.workload.id
         and reasserted["reason"] == "put back after someone changed it"
     )
     assert given["values"] == [held, "max 100000"] and given["release"] and not given["holds_back"]
     assert given["metric"] == "cpu_total_usage" and given["reason"] == "its workload is no longer seen: put back"
     assert answer["held"] == [], "given back: nothing held"
-    text = why(batch.workload.id, "--history", node.history.path).stdout
+    text = why(BATCH.workload.id, "--history", node.history.path).stdout
     assert (
-        f"give_back  cpu.max on {batch.workload.id}" in text and "why: its workload is no longer seen: put back" in text
+        f"give_back  cpu.max on {BATCH.workload.id}" in text and "why: its workload is no longer seen: put back" in text
     )
 
 
 def test_the_hold_of_a_pod_whose_cgroup_is_gone_ends_in_the_history(tmp_path: Path) -> None:
     """A throttled pod deleted (its cgroup removed with it): the next tick records the hold's end, and `why` no longer
     shows the pod held."""
-    node = FileNode(tmp_path)
-    batch = usage("kp/besteffort/podbatch", cores=2.0)
-    other = usage("kp/besteffort/podother", cores=0.05)
-    node.add([batch, other])
-    quota = guard(cpu_throttle(6.0, 5.0))
-    settled = node.tick(now(snapshot([batch, other], cpus=8, cores_used=7.0, monotonic=100.0)), quota)
-    assert [d.change.kind for d in settled.done] == ["throttle"]
-    held = node.read(batch.workload.id, "cpu.max")
-    shutil.rmtree(node.root / batch.workload.id)  # kubelet removed the pod's cgroup
-    settled = node.tick(now(snapshot([other], cpus=8, cores_used=5.9, monotonic=101.0)), quota)
+    node, held = throttled(tmp_path)
+    shutil.rmtree(node.root / BATCH.workload.id)  # kubelet removed the pod's cgroup
+    settled = node.tick(now(snapshot([OTHER], cpus=8, cores_used=5.9, monotonic=101.0)), QUOTA)
     assert [(d.change.kind, d.before, d.after, d.change.release) for d in settled.upkeep] == [
         ("give_back", held, "", True)
     ]
     node.close()
-    answer = why_json(batch.workload.id, "--history", node.history.path)
+    answer = why_json(BATCH.workload.id, "--history", node.history.path)
     given = only(answer, "give_back")
     assert given["reason"] == "its cgroup is gone" and given["after"] == "its cgroup is gone"
     assert answer["held"] == [], "the hold ended with the pod"
