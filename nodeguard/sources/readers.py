@@ -123,8 +123,8 @@ class V2Reader:
 
     __slots__ = (
         "_cpu", "_cpu_max", "_high", "_last_high", "_last_max", "_last_mem", "_last_mem_psi", "_last_psi",
-        "_last_stat", "_max", "_mem", "_mem_psi", "_memory_high", "_memory_psi", "_psi", "_stat", "_totals", "_used",
-        "_wait", "path",
+        "_last_stat", "_max", "_mem", "_mem_psi", "_memory_high", "_memory_psi", "_psi", "_stat", "_totals",
+        "_unchanged", "_used", "_wait", "path", "steady",
     )  # fmt: skip
 
     # A file whose bytes did not change since the last tick parses to the same
@@ -152,6 +152,9 @@ class V2Reader:
         """Forget each file's last bytes (``_last_*``) and its parse: the next sample parses every file."""
         self._last_stat = self._last_max = self._last_psi = self._last_mem = _UNSEEN
         self._last_high = self._last_mem_psi = _UNSEEN
+        # steady: this sample and the one before read the same bytes in every file and no thread was followed, so
+        # the sample is the last one's objects and the rates from it are those of the last tick (sensor.py).
+        self._unchanged = self.steady = False
         self._cpu: CpuStat | None = None
         self._cpu_max: CpuMax | None = None
         self._totals: PsiTotals | None = None
@@ -190,29 +193,37 @@ class V2Reader:
             high = pread(self._high, _BUFSIZE, 0) if self._high != _ABSENT else None
             mem_psi = pread(self._mem_psi, _BUFSIZE, 0) if self._mem_psi != _ABSENT else None
         except OSError as exc:
+            self._unchanged = False  # a tick without its sample: the next one is not the last one's again
             if exc.errno in _GONE_ERRNOS:
                 raise CgroupGone(self.path) from None
             raise
         if not self.reuse_unchanged:
             self._forget_parses()
         # Each parse is kept with its bytes only once it succeeded.
+        unchanged = True
         if stat != self._last_stat:
+            unchanged = False
             self._cpu = parse_cpu_stat(stat.decode())
             self._last_stat = stat
         if limit != self._last_max:
+            unchanged = False
             self._cpu_max = None if limit is None else parse_cpu_max(limit.decode())
             self._last_max = limit
         # A cgroup being removed can read empty: that reading is missing, the CPU sample stands.
         if psi != self._last_psi:
+            unchanged = False
             self._totals = parse_psi_totals(psi.decode()) if psi and psi.strip() else None
             self._last_psi = psi
         if memory != self._last_mem:
+            unchanged = False
             self._used = int(memory) if memory and memory.strip() else None
             self._last_mem = memory
         if high != self._last_high:
+            unchanged = False
             self._memory_high = parse_memory_high(high)
             self._last_high = high
         if mem_psi != self._last_mem_psi:
+            unchanged = False
             self._memory_psi = parse_psi_totals(mem_psi.decode()) if mem_psi and mem_psi.strip() else None
             self._last_mem_psi = mem_psi
         waits = None
@@ -220,8 +231,11 @@ class V2Reader:
         if wait is not None:
             if threads:
                 waits = wait.sample()
+                unchanged = False
             else:
                 wait.pause()
+        self.steady = unchanged and self._unchanged
+        self._unchanged = unchanged
         cpu = self._cpu
         assert cpu is not None  # cpu.stat was parsed above or on an earlier sample
         return cpu, self._cpu_max, self._totals, self._used, waits, self._memory_high, self._memory_psi
@@ -268,6 +282,8 @@ class V1Reader:
     PSI from a v2 mount."""
 
     __slots__ = ("_mem", "_period", "_psi", "_quota", "_stat", "_usage", "_wait", "memory_path", "path")
+
+    steady = False  # every sample parsed afresh: never the last one's objects (V2Reader.steady)
 
     def __init__(
         self,

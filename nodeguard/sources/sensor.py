@@ -144,7 +144,7 @@ class Sensor:
             # Threads are followed only where there is CPU use to speak of (or none known yet).
             threads = old is None or old.cores is None or old.cores >= ACTIVE_CORES
             try:
-                cpu, cpu_max, psi, memory, waits, high, memory_psi = reader.sample(threads)
+                raw = reader.sample(threads)
             except CgroupGone:
                 gone.append(workload_id)
                 continue
@@ -152,6 +152,11 @@ class Sensor:
                 self.skipped += 1
                 self._warn(workload_id, "workload skipped this tick", exc)
                 continue
+            if reader.steady and old is not None and old.cores is not None and old.workload is workload and usec > 0:
+                # The same bytes in every file as the last two ticks: the usage the last tick worked out, again.
+                usages[workload_id] = old
+                continue
+            cpu, cpu_max, psi, memory, waits, high, memory_psi = raw
             cores = throttled = stall = waiting = starved = throttled_cores = memory_stall = None
             if old is not None and usec > 0:
                 old_cpu = old.cpu

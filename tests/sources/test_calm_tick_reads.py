@@ -18,6 +18,7 @@ from nodeguard.model.snapshot import WorkloadUsage
 from nodeguard.sources import readers
 from nodeguard.sources.sensor import Sensor
 from tests.support import cgroups as rc
+from tests.support.poll import wait_until
 
 # What a tick reads of each workload on cgroup v2 where the files exist (the controller is on).
 CALM_FILES = ("cpu.stat", "cpu.max", "cpu.pressure", "memory.current")
@@ -102,3 +103,67 @@ def test_a_calm_tick_reads_each_idle_workloads_files_once_and_parses_none(
         assert usage.cpu_stall_pct == (None if usage.cpu_pressure is None else 0.0)
     for usage in followed.snapshot.workloads.values():
         assert usage.memory_stall_pct == (None if usage.memory_pressure is None else 0.0)
+
+
+@pytest.mark.parametrize("kind", rc.V2_KINDS)
+def test_an_idle_workload_keeps_its_usage_while_its_files_read_the_same_and_a_busy_one_is_worked_out(
+    kind: str,
+) -> None:
+    """A workload whose files read the same bytes as on the two ticks before is the last tick's usage again (nothing
+    built); one that started using CPU is worked out afresh the next tick, and so is one whose read failed a tick."""
+    reason = rc.why_no_v2_of(kind)
+    if reason:
+        pytest.skip(reason)
+    mount = rc.v2_mount()
+    assert mount is not None
+    parent = rc.unique_name()
+    settings = Settings.model_validate(
+        {
+            "sensing": {"cgroupRoot": str(mount), "cgroupVersion": "v2", "discoverySeconds": 3600},
+            "workloads": {"groups": [{"match": f"{parent}/*"}]},
+        }
+    )
+    with rc.cgroups(*(mount / parent / name for name in ("busy", "idle"))) as (busy, idle):
+        ids = {group.name: f"{parent}/{group.name}" for group in (busy, idle)}
+        sensor = Sensor(settings)
+        proc = None
+        try:
+            sensor.follow_memory(False)
+            before = [sensor.sense() for _ in range(3)][-1]  # first sight, first rates, then the same bytes again
+            again = sensor.sense()
+            assert all(again.workloads[wid] is before.workloads[wid] for wid in ids.values()), "nothing built"
+            assert (again.workloads[ids["idle"]].cores, again.workloads[ids["idle"]].throttled_cores) == (0.0, 0.0)
+
+            proc = rc.start_busy(busy, announce=True)
+            rc.wait_started([proc], 30)
+            stat = busy / "cpu.stat"
+            first = stat.read_bytes()
+            wait_until(lambda: stat.read_bytes() != first, 10, "the busy group's cpu.stat to move")
+            used = sensor.sense()
+            assert used.workloads[ids["busy"]] is not again.workloads[ids["busy"]]
+            assert (used.workloads[ids["busy"]].cores or 0.0) > 0.0, "its CPU use is seen"
+            assert used.workloads[ids["idle"]] is again.workloads[ids["idle"]]
+
+            reader = sensor._readers[ids["idle"]][1]
+            real_pread = os.pread
+            failing = True
+
+            def pread(fd: int, size: int, offset: int) -> bytes:
+                if failing and os.readlink(f"/proc/self/fd/{fd}") == str(idle / "cpu.stat"):
+                    raise OSError(5, "Input/output error")
+                return real_pread(fd, size, offset)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(os, "pread", pread)
+                skipped = sensor.sense()
+                assert ids["idle"] not in skipped.workloads and sensor.skipped == 1
+                failing = False
+                back = sensor.sense()  # no usage the tick before: worked out without rates
+                assert back.workloads[ids["idle"]].cores is None and not reader.steady
+                after = sensor.sense()  # the same bytes as the tick before, whose usage had no rates: worked out
+                assert after.workloads[ids["idle"]] is not back.workloads[ids["idle"]]
+                assert after.workloads[ids["idle"]].cores == 0.0
+        finally:
+            if proc is not None:
+                rc.stop(proc)
+            sensor.close()
