@@ -59,12 +59,9 @@ def existing(group: Path, names: tuple[str, ...]) -> list[str]:
     return sorted(name for name in names if (group / name).exists())
 
 
-@pytest.mark.parametrize("kind", rc.V2_KINDS)
-def test_a_calm_tick_reads_each_idle_workloads_files_once_and_parses_none(
-    kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Idle workloads on a calm tick: each of their per-tick files is read once (memory.high and memory.pressure only
-    while memory is followed) and none is parsed again, its bytes being those of the tick before; they read as idle."""
+def v2_workloads(kind: str) -> tuple[Path, str, Settings]:
+    """The cgroup v2 mount of ``kind`` (the test skipped without one), a fresh parent's name under it, and the
+    sensing settings that take its children as workloads and discover them once."""
     reason = rc.why_no_v2_of(kind)
     if reason:
         pytest.skip(reason)
@@ -77,6 +74,16 @@ def test_a_calm_tick_reads_each_idle_workloads_files_once_and_parses_none(
             "workloads": {"groups": [{"match": f"{parent}/*"}]},
         }
     )
+    return mount, parent, settings
+
+
+@pytest.mark.parametrize("kind", rc.V2_KINDS)
+def test_a_calm_tick_reads_each_idle_workloads_files_once_and_parses_none(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Idle workloads on a calm tick: each of their per-tick files is read once (memory.high and memory.pressure only
+    while memory is followed) and none is parsed again, its bytes being those of the tick before; they read as idle."""
+    mount, parent, settings = v2_workloads(kind)
     with rc.cgroups(*(mount / parent / name for name in ("a", "b", "c"))) as groups:
         calm_files = {group: existing(group, CALM_FILES) for group in groups}
         memory_files = {group: existing(group, CALM_FILES + MEMORY_FILES) for group in groups}
@@ -111,18 +118,7 @@ def test_an_idle_workload_keeps_its_usage_while_its_files_read_the_same_and_a_bu
 ) -> None:
     """A workload whose files read the same bytes as on the two ticks before is the last tick's usage again (nothing
     built); one that started using CPU is worked out afresh the next tick, and so is one whose read failed a tick."""
-    reason = rc.why_no_v2_of(kind)
-    if reason:
-        pytest.skip(reason)
-    mount = rc.v2_mount()
-    assert mount is not None
-    parent = rc.unique_name()
-    settings = Settings.model_validate(
-        {
-            "sensing": {"cgroupRoot": str(mount), "cgroupVersion": "v2", "discoverySeconds": 3600},
-            "workloads": {"groups": [{"match": f"{parent}/*"}]},
-        }
-    )
+    mount, parent, settings = v2_workloads(kind)
     with rc.cgroups(*(mount / parent / name for name in ("busy", "idle"))) as (busy, idle):
         ids = {group.name: f"{parent}/{group.name}" for group in (busy, idle)}
         sensor = Sensor(settings)
