@@ -14,8 +14,9 @@ throttles.
 Refill: between the restore waterline and the waterline nothing is restored
 (the dead-band), but where the node has been more than
 guard.minChangePercent under its aim (the waterline less the margin) for
-triggerAfter ticks, throttled workloads that are starved (their threads never
-slept: they would use it) get the room back towards the aim, half of what is
+triggerAfter ticks, throttled workloads that would use more (starved: their
+threads never slept; or held back by their quota this tick) get the room back
+towards the aim, half of what is
 left a tick (within restoreStepPercent) and most important first, so a
 throttle that overshot does not waste the node. The margin is what keeps
 noise around the aim under the waterline.
@@ -101,9 +102,23 @@ def refill(ctx: PlanContext, before: Planned, lines: Sequence[Waterline]) -> Dec
     # Half the room a tick: it closes in on the aim from below, and a reading that noise pushed down
     # does not send the node over the waterline the next tick.
     budget = min(room / 2.0, ctx.guard.restore_step_percent / 100.0 * ctx.node.cpus)
-    starved = {wid for wid, u in ctx.workloads.items() if (u.starved_cores or 0.0) >= CLOSED_CORES}
-    raise_quotas(ctx, draft, budget, [], only=starved, refill=True)
+    raise_quotas(ctx, draft, budget, [], only=_would_use_more(ctx), refill=True)
     return draft.decision()
+
+
+def _would_use_more(ctx: PlanContext) -> set[str]:
+    """Workloads that would use a higher quota: starved (threads runnable the whole tick), or held back by a quota
+    (a duty-cycled workload sleeps between its bursts, so it is never starved, yet its quota cuts each burst)."""
+    return {wid for wid, u in ctx.workloads.items() if _wants(u)}
+
+
+def _wants(usage: WorkloadUsage) -> str:
+    """Why a higher quota would be used ('' if nothing says so)."""
+    if (usage.starved_cores or 0.0) >= CLOSED_CORES:
+        return "it is starved"
+    if (usage.throttled_cores or 0.0) >= CLOSED_CORES:
+        return "its quota holds it back"
+    return ""
 
 
 def _calm(ctx: PlanContext, draft: Draft, line: Waterline, reasons: frozenset[Metric]) -> bool:
@@ -173,7 +188,7 @@ def raise_quotas(
         spent += step
         emitted = True
         because = why or (
-            "room left under the waterline, and it is starved" if refill else "node calm on every throttle metric"
+            f"room left under the waterline, and {_wants(usage)}" if refill else "node calm on every throttle metric"
         )
         _emit_restore(ctx, draft, usage, throttle, new, step=step, full=full, spent=spent, why=because)
         if closed_loop:

@@ -98,6 +98,27 @@ def test_room_left_under_the_waterline_goes_back_to_starved_throttled_work() -> 
     assert "starved" in second.actions[0].reason
 
 
+def test_room_left_under_the_waterline_goes_back_to_duty_cycled_work_its_quota_holds_back() -> None:
+    """A duty-cycled workload sleeps between bursts (never starved), but one its quota cut this tick is refilled;
+    one its quota did not cut is left alone."""
+    held = {
+        wid: HeldThrottle(wid, POD_LIMIT, CpuMax(20000), frozenset({CPU}), 0.0, demand_cores=0.3)
+        for wid in ("cut", "uncut")
+    }
+    workloads = [
+        usage("cut", cores=0.2, waiting=0.05, starved=0.0, cpu_max=CpuMax(20000), priority=-1)._replace(
+            throttled_cores=0.08
+        ),
+        usage("uncut", cores=0.1, waiting=0.0, starved=0.0, cpu_max=CpuMax(20000))._replace(throttled_cores=0.0),
+    ]
+    settings = guard(cpu_throttle(1.4, 1.0, triggerAfter=1), targetMarginPercent=1, restoreStepPercent=10)
+    result = plan(snapshot(workloads, cpus=2, cores_used=1.2), GuardState.holding(*held.values()), settings)
+    raised = {a.workload_id: a for a in restores(result)}
+    assert set(raised) == {"cut"}
+    assert quota(raised["cut"]) == CpuMax(29000), "half the room: (1.4 - 0.02 - 1.2) / 2 is 0.09"
+    assert "its quota holds it back" in raised["cut"].reason
+
+
 def test_no_refill_within_min_change_of_the_aim_or_past_the_waterline() -> None:
     """Close to the aim (under minChange away) or over the waterline, nothing is refilled."""
     held = {"be": HeldThrottle("be", POD_LIMIT, CpuMax(30000), frozenset({CPU}), 0.0, demand_cores=1.0)}
