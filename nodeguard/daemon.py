@@ -43,6 +43,7 @@ from nodeguard.log import get_logger, log_loop_error
 from nodeguard.model.levers import MEMORY_HIGH
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.node_identity import node_name
+from nodeguard.own_scheduling import run_as_batch
 from nodeguard.policy import outcome
 from nodeguard.policy.metrics import CAPABILITIES, Metric, Resource
 from nodeguard.policy.planner import Plan
@@ -74,6 +75,7 @@ def raise_open_file_limit(wanted: int = WANTED_OPEN_FILES) -> tuple[int, int]:
             log.warning("cannot raise the open file limit", soft=soft, hard=hard, error=str(exc))
         else:
             soft = target
+    log.debug("open file limit", soft=soft, hard=hard)
     return soft, hard
 
 
@@ -524,8 +526,8 @@ class Daemon:
         """Run until SIGTERM or SIGINT; ``serve`` starts the HTTP surface on ``http.listen``."""
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(log_loop_error)  # asyncio's own errors as structured log lines
-        soft, hard = raise_open_file_limit()
-        log.debug("open file limit", soft=soft, hard=hard)
+        raise_open_file_limit()
+        run_as_batch()
         for signum in STOPS:
             loop.add_signal_handler(signum, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self._on_sighup)
