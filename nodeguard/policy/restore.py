@@ -16,9 +16,8 @@ Refill: between the restore waterline and the waterline nothing is restored
 guard.minChangePercent under its aim (the waterline less the margin) for
 triggerAfter ticks, throttled workloads that would use more (starved: their
 threads never slept; or held back by their quota this tick) get the room back
-towards the aim, half of what is
-left a tick (within restoreStepPercent) and most important first, so a
-throttle that overshot does not waste the node. The margin is what keeps
+towards the aim, half of what is left a tick (within restoreStepPercent) and
+most important first, so a throttle that overshot does not waste the node. The margin is what keeps
 noise around the aim under the waterline.
 
 ``raise_quotas`` is shared with protection, which gives back quotas that did
