@@ -16,8 +16,9 @@ Refill: between the restore waterline and the waterline nothing is restored
 guard.minChangePercent under its aim (the waterline less the margin) for
 triggerAfter ticks, throttled workloads that would use more (starved: their
 threads never slept; or held back by their quota this tick) get the room back
-towards the aim, half of what is left a tick (within restoreStepPercent) and
-most important first, so a throttle that overshot does not waste the node. The margin is what keeps
+towards the aim, half of what is left a tick but at least minChangePercent
+(within restoreStepPercent) and most important first, so a throttle that
+overshot does not waste the node. The margin is what keeps
 noise around the aim under the waterline.
 
 ``raise_quotas`` is shared with protection, which gives back quotas that did
@@ -99,8 +100,10 @@ def refill(ctx: PlanContext, before: Planned, lines: Sequence[Waterline]) -> Dec
     if room < ctx.min_change:
         return draft.decision()
     # Half the room a tick: it closes in on the aim from below, and a reading that noise pushed down
-    # does not send the node over the waterline the next tick.
-    budget = min(room / 2.0, ctx.guard.restore_step_percent / 100.0 * ctx.node.cpus)
+    # does not send the node over the waterline the next tick. Where half is under minChange, a step of
+    # minChange (within the room): else the node would stay up to twice minChange under its aim.
+    step = max(room / 2.0, ctx.min_change)
+    budget = min(step, ctx.guard.restore_step_percent / 100.0 * ctx.node.cpus)
     raise_quotas(ctx, draft, budget, [], only=_would_use_more(ctx), refill=True)
     return draft.decision()
 

@@ -119,6 +119,17 @@ def test_room_left_under_the_waterline_goes_back_to_duty_cycled_work_its_quota_h
     assert "its quota holds it back" in raised["cut"].reason
 
 
+def test_a_refill_closes_in_by_min_change_where_half_the_room_is_less() -> None:
+    """Room of 0.03 cores (half of it under minChange, 0.02): the step is minChange, so the node does not stay up to
+    twice minChange under its aim."""
+    held = {"be": HeldThrottle("be", POD_LIMIT, CpuMax(30000), frozenset({CPU}), 0.0, demand_cores=1.0)}
+    workloads = [usage("be", cores=0.3, waiting=0.7, cpu_max=CpuMax(30000))]
+    settings = guard(cpu_throttle(1.4, 1.0, triggerAfter=1), targetMarginPercent=1, minChangePercent=1)
+    result = plan(snapshot(workloads, cpus=2, cores_used=1.35), GuardState.holding(*held.values()), settings)
+    [step] = restores(result)
+    assert quota(step) == CpuMax(32000), "1.4 less the 0.02 margin less 1.35 is 0.03 of room: a step of 0.02"
+
+
 def test_no_refill_within_min_change_of_the_aim_or_past_the_waterline() -> None:
     """Close to the aim (under minChange away) or over the waterline, nothing is refilled."""
     held = {"be": HeldThrottle("be", POD_LIMIT, CpuMax(30000), frozenset({CPU}), 0.0, demand_cores=1.0)}
