@@ -18,8 +18,8 @@ triggerAfter ticks, throttled workloads that would use more (starved: their
 threads never slept; or held back by their quota this tick) get the room back
 towards the aim, half of what is left a tick but at least minChangePercent
 (within restoreStepPercent) and most important first, so a throttle that
-overshot does not waste the node. The margin is what keeps
-noise around the aim under the waterline.
+overshot does not waste the node. The margin is what keeps noise around the
+aim under the waterline.
 
 ``raise_quotas`` is shared with protection, which gives back quotas that did
 not cut the stall.
