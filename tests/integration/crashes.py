@@ -18,6 +18,11 @@ def held(ledger: Path) -> dict[str, set[str]]:
     return {lever: set(found.of(lever)) for lever in ("cpu.max", "cpu.weight")}
 
 
+def settled(ledger: Path) -> bool:
+    """Whether no write the ledger records is still under way (its value saved as pending, not yet applied)."""
+    return all(record.pending is None for record in Ledger.load(str(ledger)).records.values())
+
+
 def crash_holding(node: ShapedNode, tmp_path: Path, *, quotas: bool) -> Path:
     """Run a daemon until it holds the Burstable tier's weight down (and, with ``quotas``, burners' quotas too),
     then SIGKILL it; returns the ledger it left."""

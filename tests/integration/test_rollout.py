@@ -25,7 +25,7 @@ import pytest
 from nodeguard.actuators.ledger import Ledger
 from nodeguard.successor_start import Starting, read_note
 from tests.containers.runtime import wait_for_the_node
-from tests.integration.crashes import held
+from tests.integration.crashes import held, settled
 from tests.support import cgroups as rc
 from tests.support.daemon import DaemonProcess
 from tests.support.endpoints import get
@@ -69,15 +69,16 @@ class Daemons:
         return daemon
 
     def holding(self, **actuation: Any) -> DaemonProcess:
-        """A daemon that holds the Burstable tier's weight down, in the ledger and the kernel (started again if
-        another run's nodeguard on this shared host took the node first)."""
+        """A daemon that holds the Burstable tier's weight down, in the ledger and the kernel, its write settled
+        (started again if another run's nodeguard on this shared host took the node first)."""
         for _ in range(3):
             wait_for_the_node(self.node.hierarchy.writable)
             daemon = self.start(**actuation)
             if came_up(daemon):
                 break
         tier = self.tier
-        daemon.wait_for(lambda: tier in held(self.ledger)["cpu.weight"]
+        # The kernel is written between the ledger's pending save and its settled one: wait for the latter too.
+        daemon.wait_for(lambda: tier in held(self.ledger)["cpu.weight"] and settled(self.ledger)
                         and self.node.hierarchy.weight(tier) != self.node.weights[tier],
                         30 * SLOW, "the tier's weight held")  # fmt: skip
         return daemon
