@@ -28,14 +28,17 @@ class WorkloadUsage(NamedTuple):
     # the whole tick, work that would take CPU freed elsewhere.
     waiting_cores: float | None = None
     starved_cores: float | None = None
-    # Cores' worth of time its own CFS bandwidth limit held it back (cpu.stat
-    # throttled time, summed over CPUs); None on first sight.
+    # Cores' worth of time a CFS bandwidth limit held it back: its own cpu.max
+    # (cpu.stat throttled time, summed over CPUs) or, where that is more, a
+    # container's own limit (its threads' throttled time); None on first sight.
     throttled_cores: float | None = None
     # Its memory.high in bytes, math.inf for "max"; None where it has none (cgroup v1, no memory controller).
     memory_high: float | None = None
     # memory.pressure totals, and its "some" stall over the last interval, percent of time (cgroup v2).
     memory_pressure: PsiTotals | None = None
     memory_stall_pct: float | None = None
+    # The part of throttled_cores its own cpu.max held back: what a hold on this cgroup decides.
+    own_throttled_cores: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,8 @@ def _wants(usage: WorkloadUsage) -> str:
     """Why a higher quota would be used ('' if nothing says so)."""
     if (usage.starved_cores or 0.0) >= CLOSED_CORES:
         return "it is starved"
-    if (usage.throttled_cores or 0.0) >= CLOSED_CORES:
+    # Its own cpu.max only: a container's own limit binding below the hold would leave a higher hold unused.
+    if (usage.own_throttled_cores or 0.0) >= CLOSED_CORES:
         return "its quota holds it back"
     return ""
 

@@ -157,18 +157,18 @@ class Sensor:
                 usages[workload_id] = old
                 continue
             cpu, cpu_max, psi, memory, waits, high, memory_psi = raw
-            cores = throttled = stall = waiting = starved = throttled_cores = memory_stall = None
+            cores = throttled = stall = waiting = starved = throttled_cores = own_throttled = memory_stall = None
             if old is not None and usec > 0:
                 old_cpu = old.cpu
                 if cpu is old_cpu:  # cpu.stat's bytes did not change (the reader reused its parse): nothing used
-                    cores = throttled_cores = 0.0
+                    cores = throttled_cores = own_throttled = 0.0
                 else:
                     used = cpu.usage_usec - old_cpu.usage_usec
                     if used >= 0:  # a reset counter gives no rate
                         cores = used / usec
                     held = cpu.throttled_usec - old_cpu.throttled_usec
                     if held >= 0:
-                        throttled_cores = held / usec
+                        throttled_cores = own_throttled = held / usec
                     periods = cpu.nr_periods - old_cpu.nr_periods
                     if periods > 0:
                         throttled = (cpu.nr_throttled - old_cpu.nr_throttled) / periods
@@ -194,7 +194,7 @@ class Sensor:
                     throttled_cores = inner
             usages[workload_id] = make(WorkloadUsage, (
                 workload, cpu, cpu_max, psi, memory, cores, throttled, stall, waiting, starved, throttled_cores, high,
-                memory_psi, memory_stall,
+                memory_psi, memory_stall, own_throttled,
             ))  # fmt: skip
         for workload_id in gone:
             self._drop(workload_id)

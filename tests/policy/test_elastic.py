@@ -99,17 +99,22 @@ def test_room_left_under_the_waterline_goes_back_to_starved_throttled_work() -> 
 
 
 def test_room_left_under_the_waterline_goes_back_to_duty_cycled_work_its_quota_holds_back() -> None:
-    """A duty-cycled workload sleeps between bursts (never starved), but one its quota cut this tick is refilled;
-    one its quota did not cut is left alone."""
+    """A duty-cycled workload sleeps between bursts (never starved), but one its own quota cut this tick is refilled;
+    one nothing cut, and one only its container's own limit cut (a higher hold would go unused), are left alone."""
     held = {
         wid: HeldThrottle(wid, POD_LIMIT, CpuMax(20000), frozenset({CPU}), 0.0, demand_cores=0.3)
-        for wid in ("cut", "uncut")
+        for wid in ("cut", "uncut", "container")
     }
     workloads = [
         usage("cut", cores=0.2, waiting=0.05, starved=0.0, cpu_max=CpuMax(20000), priority=-1)._replace(
-            throttled_cores=0.08
+            throttled_cores=0.08, own_throttled_cores=0.08
         ),
-        usage("uncut", cores=0.1, waiting=0.0, starved=0.0, cpu_max=CpuMax(20000))._replace(throttled_cores=0.0),
+        usage("uncut", cores=0.1, waiting=0.0, starved=0.0, cpu_max=CpuMax(20000))._replace(
+            throttled_cores=0.0, own_throttled_cores=0.0
+        ),
+        usage("container", cores=0.1, waiting=0.08, starved=0.0, cpu_max=CpuMax(20000), priority=5)._replace(
+            throttled_cores=0.08, own_throttled_cores=0.0
+        ),
     ]
     settings = guard(cpu_throttle(1.4, 1.0, triggerAfter=1), targetMarginPercent=1, restoreStepPercent=10)
     result = plan(snapshot(workloads, cpus=2, cores_used=1.2), GuardState.holding(*held.values()), settings)

@@ -12,6 +12,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from nodeguard.config import Settings
+from nodeguard.model.samples import CpuMax
 from nodeguard.model.snapshot import Snapshot
 from nodeguard.sources import readers
 from nodeguard.sources.sensor import Sensor
@@ -163,6 +164,29 @@ def test_pure_v2_reads_quota_usage_throttling_memory_and_pressure() -> None:
     assert usage.memory_high == float("inf") and usage.memory_pressure is not None
     assert unfollowed.memory_high is None and unfollowed.memory_pressure is None
     assert unfollowed.memory_bytes is not None  # memory.current still is: evict objectives read it
+
+
+@pytest.mark.parametrize("version", ["v1", pytest.param("v2", marks=pytest.mark.kernel)])
+def test_a_containers_own_limit_is_throttling_but_not_its_pods_own(version: str) -> None:
+    """A busy container held to 0.2 core by its own limit, its pod unlimited: the pod reads as throttled (its stall
+    is not others' doing), but not by its own cpu.max, which a hold on the pod would raise for nothing."""
+    hierarchy = rc.v1_cpu_hierarchy() if version == "v1" else rc.v2_cpu_hierarchy()
+    pod = rc.unique_name() + "-pod"
+    root = rc.CGROUP_ROOT if version == "v1" else hierarchy.writable
+    with hierarchy.groups(pod, f"{pod}/c"):
+        hierarchy.set_limit(f"{pod}/c", CpuMax(20000))
+        busy = rc.start_busy(*hierarchy.dirs(f"{pod}/c"), announce=True)
+        sensor = Sensor(settings_for(root, version, pod))
+        try:
+            rc.wait_started([busy], 30)
+            snapshot = sense_over(sensor, 1.0)
+        finally:
+            rc.stop(busy)
+            sensor.close()
+    usage = snapshot.workloads[pod]
+    assert usage.cores == pytest.approx(0.2, abs=TOLERANCE)
+    assert usage.throttled_cores is not None and usage.throttled_cores > 0.5, usage
+    assert usage.own_throttled_cores == 0.0, usage
 
 
 @pytest.mark.parametrize("kind", rc.V2_KINDS)
