@@ -76,6 +76,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -584,6 +585,7 @@ class Bench:
     alone_p99: float = 0.0
     paired: bool = False  # each strategy's ratio against an alone run just before it
     tick: float = DAEMON_TICK  # the daemons' tickSeconds
+    keep_logs: Path | None = None  # where each strategy's daemon logs are copied (--keep-logs)
     runs: int = 0
     windows: dict[tuple[str, str], list[Window]] = field(default_factory=dict)  # (scenario, strategy): measured
 
@@ -642,7 +644,15 @@ class Bench:
             except Skipped as why:
                 return {"skipped": str(why)}
             self.windows.setdefault((scenario, name), []).append(window)
+            self._keep(Path(tmp), f"{scenario}-{name}-{len(self.windows[(scenario, name)])}")
             return {**figures(window, alone_p99), **acting.extra}
+
+    def _keep(self, workdir: Path, stem: str) -> None:
+        """A copy of the daemon's log of one window (each tick's readings and actions), to read a run that missed."""
+        if self.keep_logs is None:
+            return
+        for number, log in enumerate(sorted(workdir.glob("daemon-*.log"))):
+            shutil.copyfile(log, self.keep_logs / f"{stem}{'' if number == 0 else f'.{number}'}.log")
 
     def levers(self, scenario: str, levers: list[Lever]) -> dict[str, Any]:
         results = {}
@@ -715,8 +725,18 @@ def main() -> int:
         default=2,
         help="how many times protect and static_lever are measured, interleaved, for daemon_tail_ratio (default 2)",
     )
+    parser.add_argument(
+        "--keep-logs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="copy each strategy's daemon log (its debug tick lines) into DIR as <scenario>-<strategy>-<n>.log "
+        "(on this host; not with --vm)",
+    )
     parser.add_argument("--in-vm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.keep_logs is not None:
+        args.keep_logs.mkdir(parents=True, exist_ok=True)
     if args.vm:
         return run_vm(args)
     if args.in_vm:
@@ -748,7 +768,8 @@ def run(args: argparse.Namespace, hierarchy: rc.Hierarchy) -> dict[str, Any]:
     scenarios = args.scenario or list(SCENARIOS)
     with tempfile.TemporaryDirectory(prefix="ngprotect-") as tmp:
         bench = Bench(hierarchy, os.cpu_count() or 1, Path(tmp), warmup, seconds,
-                      0 if args.fixed_work else CPU_UNITS, paired=args.paired or args.in_vm, tick=args.tick)  # fmt: skip
+                      0 if args.fixed_work else CPU_UNITS, paired=args.paired or args.in_vm, tick=args.tick,
+                      keep_logs=args.keep_logs)  # fmt: skip
         result: dict[str, Any] = bench.alone()
         print(f"alone: {json.dumps(result)}  load={load()}", flush=True)
         result["cgroup"] = hierarchy.version
