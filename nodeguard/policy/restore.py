@@ -15,8 +15,8 @@ Refill: between the restore waterline and the waterline nothing is restored
 (the dead-band), but where the node has been more than
 guard.minChangePercent under its aim (the waterline less the margin) for
 triggerAfter ticks, throttled workloads that would use more (starved: their
-threads never slept; or held back by their quota this tick) get the room back
-towards the aim, half of what is left a tick but at least minChangePercent
+threads never slept; or held back by their own quota this tick) get the room
+back towards the aim, half of what is left a tick but at least minChangePercent
 (within restoreStepPercent) and most important first, so a throttle that
 overshot does not waste the node. The margin is what keeps noise around the
 aim under the waterline.
@@ -109,8 +109,8 @@ def refill(ctx: PlanContext, before: Planned, lines: Sequence[Waterline]) -> Dec
 
 
 def _would_use_more(ctx: PlanContext) -> set[str]:
-    """Workloads that would use a higher quota: starved (threads runnable the whole tick), or held back by a quota
-    (a duty-cycled workload sleeps between its bursts, so it is never starved, yet its quota cuts each burst)."""
+    """Workloads that would use a higher quota: starved (threads runnable the whole tick), or held back by their own
+    cpu.max (a duty-cycled workload sleeps between its bursts, so never starved, yet its quota cuts every burst)."""
     return {wid for wid, u in ctx.workloads.items() if _wants(u)}
 
 
